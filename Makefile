@@ -1,0 +1,22 @@
+# `make train` and `make test` set up .venv on first use (CPU torch pinned for a quick install;
+# on a GPU machine use TORCH_SPEC="torch>=2.11" or an existing environment with PYTHON=...).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: train test lint
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+train: $(VENV)/.installed
+	PYTHON=$(PY) ./run_train.sh $(ARGS)
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q tests
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff format --check . && $(VENV)/bin/ruff check .

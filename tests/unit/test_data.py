@@ -1,0 +1,272 @@
+import itertools
+import json
+import logging
+import os
+import random
+import time
+from pathlib import Path
+
+import pyarrow
+import pyarrow.parquet
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+from torchtitan.data import (  # noqa: E402
+    DataError,
+    DatasetSource,
+    TextDataset,
+    Tokenizer,
+    build_dataloader,
+    resolve_source,
+)
+from torchtitan.data.text import SAMPLE_CORPUS  # noqa: E402
+
+ASSETS = Path(__file__).resolve().parents[2] / "torchtitan" / "assets"
+SEQ_LEN = 16
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    return Tokenizer(ASSETS / "tokenizer.model")
+
+
+def make_documents(count: int) -> list[str]:
+    """Distinct documents of varied length, so distinct windows have distinct contents."""
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi".split()
+    rng = random.Random(0)
+    return [
+        f"doc {d}: " + " ".join(rng.choice(words) for _ in range(rng.randint(2, 40)))
+        for d in range(count)
+    ]
+
+
+def write_jsonl(path: Path, texts: list[str], field: str = "text") -> Path:
+    path.write_text("".join(json.dumps({field: t, "id": i}) + "\n" for i, t in enumerate(texts)))
+    return path
+
+
+@pytest.fixture
+def corpus_path(tmp_path) -> Path:
+    return write_jsonl(tmp_path / "docs.jsonl", make_documents(40))
+
+
+def token_stream(tokenizer: Tokenizer, texts: list[str]) -> list[int]:
+    return [t for text in texts for t in tokenizer.encode(text, bos=True, eos=True)]
+
+
+def take(loader_or_dataset, count: int) -> list:
+    return list(itertools.islice(iter(loader_or_dataset), count))
+
+
+def windows(samples) -> list[list[int]]:
+    return [torch.cat([x, y[-1:]]).tolist() for x, y in samples]
+
+
+def test_packing_matches_concatenated_documents(tokenizer, corpus_path):
+    texts = make_documents(40)
+    stream = token_stream(tokenizer, texts)
+    num_windows = len(stream) // (SEQ_LEN + 1)
+    dataset = TextDataset(str(corpus_path), tokenizer, SEQ_LEN, infinite=False)
+    samples = list(dataset)
+    assert len(samples) == num_windows
+    for index, (inputs, labels) in enumerate(samples):
+        expected = stream[index * (SEQ_LEN + 1) : (index + 1) * (SEQ_LEN + 1)]
+        assert inputs.dtype == labels.dtype == torch.long
+        assert inputs.shape == labels.shape == (SEQ_LEN,)
+        assert inputs.tolist() == expected[:-1]
+        assert labels.tolist() == expected[1:]
+    assert stream[0] == tokenizer.bos_id
+    assert samples[0][0][0].item() == tokenizer.bos_id
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_dp_split_partitions_global_windows(tokenizer, corpus_path, world_size):
+    per_rank = 5
+    single = windows(take(TextDataset(str(corpus_path), tokenizer, SEQ_LEN), per_rank * world_size))
+    by_rank = [
+        windows(take(TextDataset(str(corpus_path), tokenizer, SEQ_LEN, rank, world_size), per_rank))
+        for rank in range(world_size)
+    ]
+    for rank, rank_windows in enumerate(by_rank):
+        assert rank_windows == single[rank::world_size]
+    union = [w for rank_windows in by_rank for w in rank_windows]
+    assert sorted(union) == sorted(single)
+    assert len({tuple(w) for w in union}) == len(union)
+
+
+def loader_batches(spec, tokenizer, count, state=None, world=(0, 1), batch=2, **kwargs):
+    loader = build_dataloader(spec, tokenizer, SEQ_LEN, batch, world[0], world[1], **kwargs)
+    if state is not None:
+        loader.load_state_dict(state)
+    iterator = iter(loader)
+    batches = [next(iterator) for _ in range(count)]
+    return batches, loader.state_dict()
+
+
+def assert_resumes_exactly(spec, tokenizer, before: int, after: int, **kwargs):
+    reference, _ = loader_batches(spec, tokenizer, before + after, **kwargs)
+    _, state = loader_batches(spec, tokenizer, before, **kwargs)
+    resumed, _ = loader_batches(spec, tokenizer, after, state=state, **kwargs)
+    for (x, y), (rx, ry) in zip(reference[before:], resumed, strict=True):
+        assert x.shape == (kwargs.get("batch", 2), SEQ_LEN)
+        assert torch.equal(x, rx) and torch.equal(y, ry)
+
+
+def test_resume_jsonl_exact(tokenizer, corpus_path):
+    assert_resumes_exactly(str(corpus_path), tokenizer, before=3, after=4)
+
+
+def test_resume_across_epoch_boundary(tokenizer, tmp_path, caplog):
+    path = write_jsonl(tmp_path / "tiny.jsonl", make_documents(6))
+    epoch_tokens = len(token_stream(Tokenizer(ASSETS / "tokenizer.model"), make_documents(6)))
+    batches_per_epoch = epoch_tokens // (2 * (SEQ_LEN + 1))
+    with caplog.at_level(logging.WARNING, logger="torchtitan.data.text"):
+        assert_resumes_exactly(str(path), tokenizer, before=batches_per_epoch - 1, after=4)
+        assert_resumes_exactly(str(path), tokenizer, before=batches_per_epoch + 2, after=3)
+    assert f"dataset {path} re-looping (epoch 1)" in caplog.messages
+
+
+def test_resume_txt_source(tokenizer, tmp_path):
+    path = tmp_path / "book.txt"
+    path.write_text("\n\n".join(make_documents(30)) + "\n")
+    assert_resumes_exactly(str(path), tokenizer, before=2, after=3)
+
+
+def test_resume_parquet_folder(tokenizer, tmp_path):
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    texts = make_documents(40)
+    for shard in range(2):
+        table = pyarrow.table({"content": texts[shard * 20 : (shard + 1) * 20]})
+        pyarrow.parquet.write_table(table, folder / f"part-{shard}.parquet")
+    assert_resumes_exactly(str(folder), tokenizer, before=4, after=3, text_field="content")
+
+
+def test_streaming_source_matches_indexed_and_resumes_across_epochs(tokenizer, tmp_path):
+    path = write_jsonl(tmp_path / "tiny.jsonl", make_documents(6))
+    source = DatasetSource("stream", builder="json", data_files=(str(path),), streaming=True)
+    reference = take(TextDataset(source, tokenizer, SEQ_LEN), 60)
+    assert windows(reference) == windows(take(TextDataset(str(path), tokenizer, SEQ_LEN), 60))
+    for before in (5, 30):  # one epoch is 25 windows
+        first = TextDataset(source, tokenizer, SEQ_LEN)
+        take(first, before)
+        resumed = TextDataset(source, tokenizer, SEQ_LEN)
+        resumed.load_state_dict(first.state_dict())
+        assert windows(take(resumed, 60 - before)) == windows(reference[before:])
+    assert first.state_dict()["epoch"] >= 1
+
+
+def test_resume_with_other_dp_world_size(tokenizer, corpus_path):
+    spec = str(corpus_path)
+    single, _ = loader_batches(spec, tokenizer, 5, batch=4)
+    single_windows = [w for x, y in single for w in windows(zip(x, y))]
+    _, state = loader_batches(spec, tokenizer, 3, world=(1, 2), batch=2)  # 12 global windows
+    by_rank = [
+        loader_batches(spec, tokenizer, 2, state, (rank, 4), batch=1)[0] for rank in range(4)
+    ]
+    for step in range(2):
+        step_windows = [windows(zip(*by_rank[rank][step]))[0] for rank in range(4)]
+        assert step_windows == single_windows[12 + 4 * step : 16 + 4 * step]
+
+
+def test_finite_dataset_stops(tokenizer, corpus_path):
+    dataset = TextDataset(str(corpus_path), tokenizer, SEQ_LEN, 1, 3, infinite=False)
+    stream = token_stream(tokenizer, make_documents(40))
+    assert len(list(dataset)) == len(stream) // (3 * (SEQ_LEN + 1))
+
+
+def test_sample_source_is_fast(tokenizer):
+    start = time.perf_counter()
+    loader = build_dataloader("sample", tokenizer, 2048, 4, 0, 1)
+    iterator = iter(loader)
+    inputs, labels = next(iterator)
+    first_batch_seconds = time.perf_counter() - start
+    assert inputs.shape == labels.shape == (4, 2048)
+    start = time.perf_counter()
+    tokens = sum(next(iterator)[0].numel() for _ in range(40))
+    assert first_batch_seconds < 5
+    assert tokens / (time.perf_counter() - start) > 200_000
+
+
+def test_resolve_named_sources():
+    assert resolve_source("sample").data_files == (str(SAMPLE_CORPUS),)
+    c4 = resolve_source("c4")
+    assert (c4.hub_id, c4.hub_config, c4.split, c4.streaming) == ("allenai/c4", "en", "train", True)
+    hub = resolve_source("hf:HuggingFaceFW/fineweb-edu:sample-10BT", text_field="body")
+    assert (hub.hub_id, hub.hub_config, hub.text_field) == (
+        "HuggingFaceFW/fineweb-edu",
+        "sample-10BT",
+        "body",
+    )
+    assert resolve_source("hf:org/name").hub_config is None
+
+
+def test_resolve_local_sources(tmp_path):
+    write_jsonl(tmp_path / "b.jsonl", ["x"])
+    write_jsonl(tmp_path / "a.json", ["y"])
+    (tmp_path / "README.md").write_text("ignored")
+    source = resolve_source(str(tmp_path))
+    assert source.builder == "json"
+    assert source.data_files == (str(tmp_path / "a.json"), str(tmp_path / "b.jsonl"))
+    assert resolve_source(str(tmp_path / "b.jsonl")).streaming is False
+
+
+def error_message(spec: str, **kwargs) -> str:
+    with pytest.raises(DataError) as error:
+        resolve_source(spec, **kwargs)
+    message = str(error.value)
+    assert "\n" not in message
+    return message
+
+
+def test_resolve_source_errors(tmp_path):
+    assert (
+        error_message(str(tmp_path / "nope.jsonl"))
+        == f"dataset path not found: {tmp_path}/nope.jsonl"
+    )
+    assert "write hf:org/name" in error_message("org/name")
+    assert "unknown dataset 'bogus'" in error_message("bogus")
+    assert "bad hub dataset spec" in error_message("hf:")
+    (tmp_path / "empty.jsonl").touch()
+    assert error_message(str(tmp_path / "empty.jsonl")).startswith("dataset file is empty")
+    (tmp_path / "data.csv").write_text("text\nhello\n")
+    assert "unsupported dataset file extension '.csv'" in error_message(str(tmp_path / "data.csv"))
+    (tmp_path / "folder").mkdir()
+    assert "dataset folder has no" in error_message(str(tmp_path / "folder"))
+
+
+def test_mixed_folder_error(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", ["x"])
+    (tmp_path / "b.txt").write_text("y\n")
+    assert "mixes file kinds (json, text)" in error_message(str(tmp_path))
+
+
+def test_missing_text_field_errors(tmp_path):
+    path = write_jsonl(tmp_path / "docs.jsonl", ["x"], field="body")
+    assert error_message(str(path)) == (
+        f"text field 'text' not found in {path}; available columns: body, id"
+    )
+    table_path = tmp_path / "docs.parquet"
+    pyarrow.parquet.write_table(pyarrow.table({"content": ["x"]}), table_path)
+    assert "available columns: content" in error_message(str(table_path))
+    (tmp_path / "notes.txt").write_text("hello\n")
+    assert "available columns: text" in error_message(str(tmp_path / "notes.txt"), text_field="x")
+
+
+def test_dataset_without_documents_errors(tokenizer, tmp_path):
+    path = tmp_path / "blank.jsonl"
+    path.write_text("\n\n")
+    with pytest.raises(DataError, match="empty|no documents|could not load"):
+        TextDataset(str(path), tokenizer, SEQ_LEN)
+
+
+def test_relooping_logs_epochs(tokenizer, tmp_path, caplog):
+    path = write_jsonl(tmp_path / "one.jsonl", ["just one short document"])
+    dataset = TextDataset(str(path), tokenizer, SEQ_LEN)
+    with caplog.at_level(logging.WARNING, logger="torchtitan.data.text"):
+        take(dataset, 3)
+    assert f"dataset {path} re-looping (epoch 1)" in caplog.messages
+    assert dataset.state_dict()["epoch"] >= 2

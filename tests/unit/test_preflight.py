@@ -1,0 +1,92 @@
+"""User mistakes fail in one line before any heavy work (preflight and run_train.sh)."""
+
+import base64
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchtitan.preflight import main as preflight
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write_tokenizer(path: Path, n_base: int) -> Path:
+    tokens = [bytes([b]) for b in range(256)]
+    tokens += [bytes([a, b]) for a in range(97, 123) for b in range(256)][: n_base - 256]
+    path.write_text("".join(f"{base64.b64encode(t).decode()} {i}\n" for i, t in enumerate(tokens)))
+    return path
+
+
+def run_preflight(capsys, *argv) -> str:
+    code = preflight(list(argv))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    return err
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--model.tokenizer_path", "/nope/tokenizer.model"], "tokenizer file not found"),
+        (["--training.dataset", "/nope/data.jsonl"], "dataset path not found"),
+        (["--training.seq_len", "-1"], "seq_len must be positive"),
+        (["--training.steps", "abc"], "expects int"),
+        (["--model.flavor", "8b"], "did you mean '8B'"),
+        (["--job.config_file", "/nope.toml"], "config file not found"),
+        (["--parallelism.tensor_parallel_degree", "2"], "tensor_parallel_degree=2"),
+    ],
+)
+def test_bad_input_is_one_line(capsys, argv, expected):
+    assert expected in run_preflight(capsys, *argv)
+
+
+def test_malformed_tokenizer(tmp_path, capsys):
+    bad = tmp_path / "tokenizer.model"
+    bad.write_text("aGVsbG8= 0\nnot-base64!! x\n")
+    assert "line" in run_preflight(capsys, "--model.tokenizer_path", str(bad))
+
+
+def test_tokenizer_larger_than_model_vocab(tmp_path, capsys):
+    big = write_tokenizer(tmp_path / "tokenizer.model", n_base=4000)
+    err = run_preflight(capsys, "--model.tokenizer_path", str(big))
+    assert "has 4256 tokens but model flavor debugmodel has vocab_size 4096" in err
+
+
+def test_empty_dataset_file(tmp_path, capsys):
+    empty = tmp_path / "data.jsonl"
+    empty.write_text("")
+    assert "empty" in run_preflight(capsys, "--training.dataset", str(empty))
+
+
+def test_valid_job_passes(capsys):
+    assert preflight(["--job.config_file", str(ROOT / "train_configs/debug_model.toml")]) == 0
+
+
+def run_train_sh(*args, env=None):
+    env = {**os.environ, "PYTHON": sys.executable, **(env or {})}
+    return subprocess.run(
+        [str(ROOT / "run_train.sh"), *args], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+def test_run_train_sh_rejects_bad_ngpu_and_keys():
+    result = run_train_sh(env={"NGPU": "two"})
+    assert result.returncode == 2 and "NGPU must be a positive integer" in result.stderr
+    result = run_train_sh("--training.stepz", "3")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "error: unknown config key 'training.stepz' (command line); did you mean 'training.steps'?"
+    )
+
+
+def test_run_train_sh_trains_the_debug_model(tmp_path):
+    result = run_train_sh(
+        "--training.steps", "3", "--training.seq_len", "64", "--job.dump_folder", str(tmp_path)
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "training done: 3 steps" in result.stdout + result.stderr
+    assert list((tmp_path / "tb").glob("*/events.out.tfevents.*"))

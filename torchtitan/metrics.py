@@ -1,0 +1,129 @@
+"""Throughput, MFU and memory metrics: one console line per log step, the same in TensorBoard."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger("torchtitan")
+
+# Dense bf16 peak of one device, by a substring of torch.cuda.get_device_name().
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """Dense bf16 peak of the device, or None where unknown (then MFU is omitted)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_BF16_FLOPS.items() if key in name), None)
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+@dataclass
+class StepStats:
+    """What the trainer measured for one optimizer step."""
+
+    step: int
+    loss: float
+    grad_norm: float
+    lr: float
+    tokens: int  # tokens this device processed in the step
+    data_seconds: float  # time spent waiting for batches
+
+
+@dataclass
+class MetricsLogger:
+    """Accumulates step stats between log steps; rank 0 prints and writes TensorBoard."""
+
+    device: torch.device
+    flops_per_token: int
+    total_steps: int
+    log_freq: int
+    tb_folder: Path | None = None
+    enabled: bool = True  # only the logging rank prints and writes
+    _tokens: int = 0
+    _data_seconds: float = 0.0
+    _window_start: float = field(default_factory=time.perf_counter)
+    _steps_in_window: int = 0
+    _writer: object = None
+
+    def __post_init__(self):
+        self.peak = peak_flops(self.device)
+        if self.enabled and self.tb_folder is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=str(self.tb_folder))
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def should_log(self, step: int) -> bool:
+        return step == 1 or step % self.log_freq == 0 or step == self.total_steps
+
+    def record(self, stats: StepStats) -> dict[str, float] | None:
+        """Add one step; on a log step, return (and print/write) the metrics of the window."""
+        self._tokens += stats.tokens
+        self._data_seconds += stats.data_seconds
+        self._steps_in_window += 1
+        if not self.should_log(stats.step):
+            return None
+        metrics = self._window_metrics(stats)
+        if self.enabled:
+            logger.info(self._console_line(stats.step, metrics))
+            if self._writer is not None:
+                for name, value in metrics.items():
+                    self._writer.add_scalar(name, value, stats.step)
+        self._tokens, self._data_seconds, self._steps_in_window = 0, 0.0, 0
+        self._window_start = time.perf_counter()
+        return metrics
+
+    def _window_metrics(self, stats: StepStats) -> dict[str, float]:
+        elapsed = max(time.perf_counter() - self._window_start, 1e-9)
+        tps = self._tokens / elapsed
+        tflops = self.flops_per_token * tps / 1e12
+        m = {
+            "loss": stats.loss,
+            "grad_norm": stats.grad_norm,
+            "lr": stats.lr,
+            "tokens_per_second": tps,
+            "tflops": tflops,
+            "data_loading_pct": 100.0 * self._data_seconds / elapsed,
+            "step_seconds": elapsed / self._steps_in_window,
+        }
+        if self.peak:
+            m["mfu_pct"] = 100.0 * tflops * 1e12 / self.peak
+        if self.device.type == "cuda":
+            m["memory_peak_gib"] = torch.cuda.max_memory_reserved(self.device) / 2**30
+            m["memory_peak_active_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        return m
+
+    def _console_line(self, step: int, m: dict[str, float]) -> str:
+        parts = [
+            f"step {step:>6}",
+            f"loss {m['loss']:8.4f}",
+            f"grad_norm {m['grad_norm']:7.4f}",
+            f"lr {m['lr']:.2e}",
+            f"tps {m['tokens_per_second']:,.0f}",
+            f"tflops {m['tflops']:.2f}",
+        ]
+        if "mfu_pct" in m:
+            parts.append(f"mfu {m['mfu_pct']:.1f}%")
+        if "memory_peak_gib" in m:
+            parts.append(f"mem {m['memory_peak_gib']:.1f}GiB")
+        parts.append(f"data {m['data_loading_pct']:.1f}%")
+        parts.append(f"eta {format_duration((self.total_steps - step) * m['step_seconds'])}")
+        return "  ".join(parts)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()

@@ -1,0 +1,4 @@
+from torchtitan.models.llama3.args import MODEL_FLAVORS, ModelArgs, get_model_args
+from torchtitan.models.llama3.model import Transformer
+
+__all__ = ["MODEL_FLAVORS", "ModelArgs", "Transformer", "get_model_args"]

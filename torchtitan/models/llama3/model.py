@@ -1,0 +1,228 @@
+"""Llama 3 decoder-only transformer.
+
+Built to be sharded afterwards: tensor parallelism refers to the module names below, a pipeline
+split deletes entries of `layers` and sets `tok_embeddings`/`norm`/`output` to None, and context
+parallelism shards the `rope_cache` buffer along its first (sequence) dimension.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from torchtitan.models.llama3.args import ModelArgs
+
+# Llama 3.1 RoPE scaling constants (the factor itself is ModelArgs.rope_scaling_factor).
+ROPE_LOW_FREQ_FACTOR = 1.0
+ROPE_HIGH_FREQ_FACTOR = 4.0
+ROPE_OLD_CONTEXT_LEN = 8192
+
+INIT_STD = 0.02  # std of every projection that reads from the residual stream
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return xf.type_as(x) * self.weight
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+
+def _trunc_normal(w: torch.Tensor, std: float) -> None:
+    # In place, so it also works on DTensor parameters (each rank fills its own shard).
+    nn.init.trunc_normal_(w, mean=0.0, std=std, a=-3 * std, b=3 * std)
+
+
+def rope_frequencies(
+    head_dim: int, theta: float, scaling: bool = False, scaling_factor: float = 8.0
+) -> torch.Tensor:
+    """Angular frequency of each of the head_dim // 2 rotated pairs (float64)."""
+    freqs = theta ** -(torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    if not scaling:
+        return freqs
+    # Llama 3.1: leave short wavelengths alone, divide long ones by the factor, and interpolate
+    # smoothly in between.
+    wavelen = 2 * math.pi / freqs
+    smooth = (ROPE_OLD_CONTEXT_LEN / wavelen - ROPE_LOW_FREQ_FACTOR) / (
+        ROPE_HIGH_FREQ_FACTOR - ROPE_LOW_FREQ_FACTOR
+    )
+    smooth = smooth.clamp(0.0, 1.0)  # 1 for wavelen < old_len / high, 0 for wavelen > old_len / low
+    return (1 - smooth) * freqs / scaling_factor + smooth * freqs
+
+
+def precompute_rope_cache(
+    head_dim: int,
+    end: int,
+    theta: float = 500000.0,
+    scaling: bool = False,
+    scaling_factor: float = 8.0,
+) -> torch.Tensor:
+    """(end, head_dim) float32 table: cat(cos, sin) of position * frequency for each pair.
+
+    Position is the first dimension so context parallelism can shard the buffer along it.
+    """
+    freqs = rope_frequencies(head_dim, theta, scaling, scaling_factor)
+    # Angles in float64: at position 1e5 a float32 angle would be off by ~1e-2 rad.
+    angles = torch.outer(torch.arange(end, dtype=torch.float64), freqs)
+    return torch.cat([angles.cos(), angles.sin()], dim=-1).float()
+
+
+def _rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # Meta's convention: (x[2i], x[2i+1]) is rotated as one complex number x[2i] + i*x[2i+1].
+    pairs = x.float().unflatten(-1, (-1, 2))
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    out = torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1)
+    return out.flatten(-2).type_as(x)
+
+
+def apply_rope(
+    xq: torch.Tensor, xk: torch.Tensor, rope_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate xq, xk of shape (bs, seqlen, heads, head_dim) by their position's angles."""
+    seqlen = xq.shape[1]
+    if seqlen > rope_cache.shape[0]:
+        raise ValueError(
+            f"sequence length {seqlen} exceeds the RoPE cache length {rope_cache.shape[0]}; "
+            "raise model.max_seq_len"
+        )
+    cos, sin = rope_cache[:seqlen].float().chunk(2, dim=-1)
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # broadcast over batch and heads
+    return _rotate_pairs(xq, cos, sin), _rotate_pairs(xk, cos, sin)
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """(bs, seqlen, n_kv_heads, head_dim) -> (bs, seqlen, n_kv_heads * n_rep, head_dim)."""
+    if n_rep == 1:
+        return x
+    bs, seqlen, n_kv_heads, head_dim = x.shape
+    x = x[:, :, :, None, :].expand(bs, seqlen, n_kv_heads, n_rep, head_dim)
+    return x.reshape(bs, seqlen, n_kv_heads * n_rep, head_dim)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.head_dim = args.head_dim
+        self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, args.kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, args.kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, rope_cache: torch.Tensor) -> torch.Tensor:
+        bs, seqlen, _ = x.shape
+        # -1, not n_heads: under tensor parallelism each rank holds only its share of the heads.
+        xq = self.wq(x).view(bs, seqlen, -1, self.head_dim)
+        xk = self.wk(x).view(bs, seqlen, -1, self.head_dim)
+        xv = self.wv(x).view(bs, seqlen, -1, self.head_dim)
+        xq, xk = apply_rope(xq, xk, rope_cache)
+
+        n_rep = xq.shape[2] // xk.shape[2]
+        xk, xv = repeat_kv(xk, n_rep), repeat_kv(xv, n_rep)
+
+        q, k, v = (t.transpose(1, 2) for t in (xq, xk, xv))  # (bs, heads, seqlen, head_dim)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = out.transpose(1, 2).reshape(bs, seqlen, -1)
+        return self.wo(out)
+
+    def init_weights(self, out_std: float) -> None:
+        for w in (self.wq, self.wk, self.wv):
+            _trunc_normal(w.weight, INIT_STD)
+        _trunc_normal(self.wo.weight, out_std)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden_dim: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
+        self.w2 = nn.Linear(hidden_dim, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+    def init_weights(self, out_std: float) -> None:
+        _trunc_normal(self.w1.weight, INIT_STD)
+        _trunc_normal(self.w3.weight, INIT_STD)
+        _trunc_normal(self.w2.weight, out_std)
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, layer_id: int, args: ModelArgs):
+        super().__init__()
+        self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
+        self.attention = Attention(args)
+        self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
+        self.feed_forward = FeedForward(args.dim, args.ffn_hidden_dim)
+        # Std of the projections that write into the residual stream (wo, w2): scaled down so
+        # the residual's variance does not grow with depth.
+        depth = layer_id + 1 if args.depth_init else args.n_layers
+        self.out_init_std = INIT_STD / math.sqrt(2 * depth)
+
+    def forward(self, x: torch.Tensor, rope_cache: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope_cache)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+    def init_weights(self) -> None:
+        self.attention_norm.reset_parameters()
+        self.ffn_norm.reset_parameters()
+        self.attention.init_weights(self.out_init_std)
+        self.feed_forward.init_weights(self.out_init_std)
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        args.validate()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        # A dict keyed by the original index, so a pipeline stage keeps the full model's FQNs.
+        self.layers = nn.ModuleDict(
+            {str(i): TransformerBlock(i, args) for i in range(args.n_layers)}
+        )
+        self.norm = RMSNorm(args.dim, eps=args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.register_buffer("rope_cache", self._rope_cache(), persistent=False)
+
+    def _rope_cache(self) -> torch.Tensor:
+        a = self.args
+        return precompute_rope_cache(
+            a.head_dim, a.max_seq_len, a.rope_theta, a.rope_scaling, a.rope_scaling_factor
+        )
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (bs, seqlen) int -> logits (bs, seqlen, vocab_size).
+
+        In a pipeline stage without tok_embeddings the input is hidden states (bs, seqlen, dim),
+        and without output the stage returns hidden states.
+        """
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        for layer in self.layers.values():
+            h = layer(h, self.rope_cache)
+        if self.norm is not None:
+            h = self.norm(h)
+        return self.output(h) if self.output is not None else h
+
+    def init_weights(self, buffer_device: torch.device | None = None) -> None:
+        """Initialise every parameter and recompute the RoPE cache, e.g. after `to_empty()`.
+
+        buffer_device: where to put the RoPE cache (default: where the buffer already is).
+        """
+        with torch.no_grad():
+            with torch.device(buffer_device or self.rope_cache.device):
+                self.rope_cache = self._rope_cache()
+            if self.tok_embeddings is not None:
+                nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=1.0)
+            for layer in self.layers.values():
+                layer.init_weights()
+            if self.norm is not None:
+                self.norm.reset_parameters()
+            if self.output is not None:
+                _trunc_normal(self.output.weight, self.args.dim**-0.5)

@@ -1,0 +1,59 @@
+"""Optimizer, learning-rate schedule and gradient clipping."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+from torchtitan.config import LRScheduler, Optimizer
+
+
+def build_optimizer(params, cfg: Optimizer, device_type: str) -> torch.optim.Optimizer:
+    impl = cfg.implementation
+    if impl == "auto":
+        impl = "fused" if device_type == "cuda" else "foreach"
+    kwargs = dict(
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+        fused=impl == "fused",
+        foreach=impl == "foreach",
+    )
+    cls = {"AdamW": torch.optim.AdamW, "Adam": torch.optim.Adam}[cfg.name]
+    return cls(params, **kwargs)
+
+
+def lr_factor(step: int, total_steps: int, cfg: LRScheduler) -> float:
+    """Multiplier of the peak lr for 1-indexed optimizer step ``step``.
+
+    Linear warmup reaches the peak at ``warmup_steps`` (step 1 already trains, at lr/warmup), then
+    decays (linear or cosine) to ``min_lr_ratio`` at ``total_steps``.
+    """
+    warmup = cfg.warmup_steps
+    if step <= warmup:
+        return step / warmup
+    if cfg.decay_type == "none" or total_steps <= warmup:
+        return 1.0
+    progress = min((step - warmup) / (total_steps - warmup), 1.0)
+    if cfg.decay_type == "linear":
+        decay = 1.0 - progress
+    else:
+        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * decay
+
+
+def build_lr_scheduler(optimizer, total_steps: int, cfg: LRScheduler) -> LambdaLR:
+    """LambdaLR counts from 0 at construction; optimizer step k (1-indexed) then uses factor(k)."""
+    return LambdaLR(optimizer, lambda last: lr_factor(last + 1, total_steps, cfg))
+
+
+def clip_grad_norm(params, max_norm: float) -> torch.Tensor:
+    """Total L2 norm of all gradients (before clipping); clips in place when max_norm > 0."""
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+    return norm
