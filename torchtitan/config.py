@@ -91,11 +91,23 @@ class Parallelism:
     tensor_parallel_degree: int = opt(1, "tensor + sequence parallel degree")
     context_parallel_degree: int = opt(1, "context parallel degree")
     pipeline_parallel_degree: int = opt(1, "pipeline parallel degree")
+    fsdp_reshard_after_forward: str = opt(
+        "default",
+        "free gathered weights after forward: default (yes, except under PP), always, never",
+    )
+    disable_loss_parallel: bool = opt(False, "with TP: gather the logits instead of loss parallel")
+    enable_async_tensor_parallel: bool = opt(
+        False, "overlap TP collectives with matmuls (CUDA + compile)"
+    )
 
 
 @dataclass
 class Checkpoint:
-    """DCP checkpointing options; filled in by the checkpointing work."""
+    folder: str = opt("checkpoint", "checkpoint folder, relative to job.dump_folder")
+    create_seed_checkpoint: bool = opt(
+        False, "write the initial weights to folder/step-0 from one process, then exit"
+    )
+    initial_load_path: str = opt("", "DCP checkpoint whose model weights the run starts from")
 
 
 @dataclass
@@ -107,6 +119,7 @@ class ActivationCheckpoint:
 @dataclass
 class Compile:
     enable: bool = opt(False, "torch.compile each transformer block")
+    loss: bool = opt(False, "with enable: also compile the loss")
 
 
 @dataclass
@@ -367,6 +380,11 @@ def validate(cfg: JobConfig) -> None:
         cfg.metrics.log_freq > 0, f"--metrics.log_freq must be positive; got {cfg.metrics.log_freq}"
     )
     _check_choice("model.name", cfg.model.name, ("llama3",))
+    _check_choice(
+        "parallelism.fsdp_reshard_after_forward",
+        cfg.parallelism.fsdp_reshard_after_forward,
+        ("default", "always", "never"),
+    )
     ac = cfg.activation_checkpoint
     _check_choice("activation_checkpoint.mode", ac.mode, ("none", "full", "selective"))
     _check(

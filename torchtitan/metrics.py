@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -44,26 +45,33 @@ class StepStats:
 
 @dataclass
 class MetricsLogger:
-    """Accumulates step stats between log steps; rank 0 prints and writes TensorBoard."""
+    """Accumulates step stats between log steps; the logging rank prints them and writes them to
+    ``dump_folder/metrics/<run_id>.jsonl`` and TensorBoard (``dump_folder/tb/<run_id>``)."""
 
     device: torch.device
     flops_per_token: int
     total_steps: int
     log_freq: int
-    tb_folder: Path | None = None
+    dump_folder: Path | None = None
+    run_id: str = "run"
+    enable_tensorboard: bool = True
     enabled: bool = True  # only the logging rank prints and writes
     _tokens: int = 0
     _data_seconds: float = 0.0
     _window_start: float = field(default_factory=time.perf_counter)
     _steps_in_window: int = 0
     _writer: object = None
+    _jsonl: object = None
 
     def __post_init__(self):
         self.peak = peak_flops(self.device)
-        if self.enabled and self.tb_folder is not None:
-            from torch.utils.tensorboard import SummaryWriter
+        if self.enabled and self.dump_folder is not None:
+            (self.dump_folder / "metrics").mkdir(parents=True, exist_ok=True)
+            self._jsonl = open(self.dump_folder / "metrics" / f"{self.run_id}.jsonl", "a")
+            if self.enable_tensorboard:
+                from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(log_dir=str(self.tb_folder))
+                self._writer = SummaryWriter(log_dir=str(self.dump_folder / "tb" / self.run_id))
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
 
@@ -80,6 +88,9 @@ class MetricsLogger:
         metrics = self._window_metrics(stats)
         if self.enabled:
             logger.info(self._console_line(stats.step, metrics))
+            if self._jsonl is not None:
+                self._jsonl.write(json.dumps({"step": stats.step, **metrics}) + "\n")
+                self._jsonl.flush()
             if self._writer is not None:
                 for name, value in metrics.items():
                     self._writer.add_scalar(name, value, stats.step)
@@ -127,3 +138,5 @@ class MetricsLogger:
     def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
+        if self._jsonl is not None:
+            self._jsonl.close()

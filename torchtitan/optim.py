@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
 from torchtitan.config import LRScheduler, Optimizer
@@ -51,9 +52,18 @@ def build_lr_scheduler(optimizer, total_steps: int, cfg: LRScheduler) -> LambdaL
 
 
 def clip_grad_norm(params, max_norm: float) -> torch.Tensor:
-    """Total L2 norm of all gradients (before clipping); clips in place when max_norm > 0."""
+    """Total L2 norm of all gradients (before clipping); clips in place when max_norm > 0.
+
+    Sharded (DTensor) gradients give the norm of the full gradients, reduced over their mesh.
+    On CPU the norm is accumulated in float64: an fp32 CPU norm of a large, mostly tiny gradient
+    (the output head's) is off by ~1e-4 relative, more than the layouts differ by.
+    """
     grads = [p.grad for p in params if p.grad is not None]
+    if grads and grads[0].device.type == "cpu":
+        grads = [g.double() for g in grads]
     norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
     if max_norm > 0:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
     return norm

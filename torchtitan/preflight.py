@@ -9,11 +9,17 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
+import torch
+
+from torchtitan.checkpoint import check_loadable
 from torchtitan.config import ConfigError, JobConfig, parse_args
 from torchtitan.data.text import DataError, resolve_source
 from torchtitan.data.tokenizer import Tokenizer, TokenizerError
 from torchtitan.models.llama3 import ModelArgs, get_model_args
+from torchtitan.parallel.dims import ParallelDims
+from torchtitan.parallel.tensor_parallel import check_tp_degree
 
 USER_ERRORS = (ConfigError, DataError, TokenizerError)
 
@@ -22,29 +28,46 @@ USER_ERRORS = (ConfigError, DataError, TokenizerError)
 class CheckedJob:
     tokenizer: Tokenizer
     model_args: ModelArgs
+    dims: ParallelDims  # degrees only; the trainer builds the mesh
     accum_steps: int  # micro-steps per optimizer step
 
 
-def check_layout(cfg: JobConfig, world_size: int) -> None:
-    p = cfg.parallelism
-    degrees = {
-        "pipeline_parallel_degree": p.pipeline_parallel_degree,
-        "data_parallel_replicate_degree": p.data_parallel_replicate_degree,
-        "context_parallel_degree": p.context_parallel_degree,
-        "tensor_parallel_degree": p.tensor_parallel_degree,
-    }
-    others = [f"{k}={v}" for k, v in degrees.items() if v != 1]
-    if others:
-        raise ConfigError(
-            f"{', '.join(others)}: only data parallel is supported so far; set them to 1"
+def check_parallelism(cfg: JobConfig, model_args: ModelArgs, world_size: int) -> ParallelDims:
+    dims = ParallelDims.from_config(cfg.parallelism, world_size)
+    for name in ("pipeline_parallel_degree", "context_parallel_degree"):
+        if getattr(cfg.parallelism, name) != 1:
+            raise ConfigError(f"--parallelism.{name} > 1 is not supported yet; set it to 1")
+    if dims.tp > 1:
+        reason = check_tp_degree(
+            model_args.n_heads, model_args.kv_heads, cfg.training.seq_len, dims.tp
         )
-    if p.data_parallel_shard_degree not in (-1, world_size):
-        raise ConfigError(
-            f"data_parallel_shard_degree={p.data_parallel_shard_degree} does not match the "
-            f"world size {world_size}; set it to -1 or {world_size}"
-        )
-    if world_size > 1:
-        raise ConfigError("multi-process training needs the parallelism work; launch with NGPU=1")
+        if reason:
+            raise ConfigError(f"{reason}; choose another --parallelism.tensor_parallel_degree")
+    if cfg.parallelism.enable_async_tensor_parallel:
+        if dims.tp == 1 or not cfg.compile.enable or not torch.cuda.is_available():
+            raise ConfigError(
+                "--parallelism.enable_async_tensor_parallel needs tensor_parallel_degree > 1, "
+                "--compile.enable and CUDA GPUs"
+            )
+    return dims
+
+
+def check_checkpoint(cfg: JobConfig, world_size: int) -> None:
+    c = cfg.checkpoint
+    if c.create_seed_checkpoint:
+        if world_size != 1:
+            raise ConfigError("--checkpoint.create_seed_checkpoint runs in one process; use NGPU=1")
+        seed = seed_checkpoint_path(cfg)
+        if seed.exists():
+            raise ConfigError(
+                f"seed checkpoint {seed} already exists; remove it or change the folder"
+            )
+    if c.initial_load_path:
+        check_loadable(c.initial_load_path)
+
+
+def seed_checkpoint_path(cfg: JobConfig) -> Path:
+    return Path(cfg.job.dump_folder) / cfg.checkpoint.folder / "step-0"
 
 
 def gradient_accumulation_steps(cfg: JobConfig, dp_degree: int) -> int:
@@ -60,12 +83,13 @@ def gradient_accumulation_steps(cfg: JobConfig, dp_degree: int) -> int:
 
 
 def check_job(cfg: JobConfig, world_size: int) -> CheckedJob:
-    check_layout(cfg, world_size)
     try:
         model_args = get_model_args(cfg.model.flavor, max_seq_len=cfg.training.seq_len)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    accum_steps = gradient_accumulation_steps(cfg, dp_degree=world_size)
+    dims = check_parallelism(cfg, model_args, world_size)
+    check_checkpoint(cfg, world_size)
+    accum_steps = gradient_accumulation_steps(cfg, dp_degree=dims.dp_degree)
     resolve_source(cfg.training.dataset, text_field=cfg.training.text_field)
     tokenizer = Tokenizer(cfg.model.tokenizer_path)
     if tokenizer.vocab_size > model_args.vocab_size:
@@ -74,7 +98,7 @@ def check_job(cfg: JobConfig, world_size: int) -> CheckedJob:
             f"flavor {cfg.model.flavor} has vocab_size {model_args.vocab_size}; use a matching "
             "--model.tokenizer_path or a larger flavor"
         )
-    return CheckedJob(tokenizer, model_args, accum_steps)
+    return CheckedJob(tokenizer, model_args, dims, accum_steps)
 
 
 def main(argv: list[str] | None = None) -> int:

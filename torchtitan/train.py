@@ -12,16 +12,20 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
+import torch.nn as nn
+from torch.distributed.tensor import DTensor
 
+from torchtitan.checkpoint import load_model_weights, save_seed_checkpoint
 from torchtitan.config import JobConfig, parse_args
 from torchtitan.data.loader import build_dataloader
+from torchtitan.loss import cross_entropy_sum, loss_context
 from torchtitan.metrics import MetricsLogger, StepStats
 from torchtitan.models.llama3 import Transformer
 from torchtitan.optim import build_lr_scheduler, build_optimizer, clip_grad_norm
 from torchtitan.parallel.activation_checkpoint import apply_ac
 from torchtitan.parallel.compile import apply_compile
-from torchtitan.preflight import USER_ERRORS, check_job
+from torchtitan.parallel.parallelize import parallelize_llama
+from torchtitan.preflight import USER_ERRORS, check_job, seed_checkpoint_path
 
 logger = logging.getLogger("torchtitan")
 
@@ -54,31 +58,36 @@ class Trainer:
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         checked = check_job(cfg, self.world_size)
         self.tokenizer, self.model_args = checked.tokenizer, checked.model_args
-        self.accum_steps = checked.accum_steps
+        self.dims, self.accum_steps = checked.dims, checked.accum_steps
         self.run_id = datetime.now().strftime("%Y%m%d-%H%M%S")
         self.dump_folder = Path(cfg.job.dump_folder)
         self._init_runtime()
         self._save_effective_config()
+        self.model = self._build_model()
+        if cfg.checkpoint.create_seed_checkpoint:
+            return
         self.dataloader = build_dataloader(
             cfg.training.dataset,
             self.tokenizer,
             seq_len=cfg.training.seq_len,
             local_batch_size=cfg.training.local_batch_size,
-            dp_rank=self.rank,
-            dp_world_size=self.world_size,
+            dp_rank=self.dims.dp_rank if dist.is_initialized() else 0,
+            dp_world_size=self.dims.dp_degree,
             text_field=cfg.training.text_field,
         )
-        self.model = self._build_model()
         self.optimizer = build_optimizer(self.model.parameters(), cfg.optimizer, self.device.type)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.training.steps, cfg.lr_scheduler)
+        self.loss_fn = cross_entropy_sum
+        if cfg.compile.enable and cfg.compile.loss:
+            self.loss_fn = torch.compile(cross_entropy_sum)
         self.metrics = MetricsLogger(
             device=self.device,
             flops_per_token=self.model_args.flops_per_token(cfg.training.seq_len),
             total_steps=cfg.training.steps,
             log_freq=cfg.metrics.log_freq,
-            tb_folder=self.dump_folder / "tb" / self.run_id
-            if cfg.metrics.enable_tensorboard
-            else None,
+            dump_folder=self.dump_folder,
+            run_id=self.run_id,
+            enable_tensorboard=cfg.metrics.enable_tensorboard,
             enabled=self.rank == 0,
         )
         self.step = 0
@@ -93,6 +102,8 @@ class Trainer:
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             timeout = timedelta(seconds=self.cfg.comm.init_timeout_seconds)
             dist.init_process_group(backend, timeout=timeout)
+        if dist.is_initialized():
+            self.dims.build_mesh(self.device.type)
         torch.manual_seed(t.seed)
         if t.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -109,33 +120,50 @@ class Trainer:
             folder.mkdir(parents=True, exist_ok=True)
             (folder / f"{self.run_id}.toml").write_text(text)
 
-    def _build_model(self) -> Transformer:
+    def _build_model(self) -> nn.Module:
         start = time.perf_counter()
-        args = self.model_args
+        args, cfg = self.model_args, self.cfg
         with torch.device("meta"):
             model = Transformer(args)
-        ac = self.cfg.activation_checkpoint
-        apply_ac(model, ac.mode, ac.selective_ac_option)
-        if self.cfg.compile.enable:
-            apply_compile(model)
-        model.to_empty(device=self.device)
-        with torch.no_grad():
+        if cfg.checkpoint.create_seed_checkpoint:
+            model.to_empty(device="cpu")
             model.init_weights()
+            save_seed_checkpoint(model, seed_checkpoint_path(cfg))
+            return model
+        if dist.is_initialized():
+            parallelize_llama(model, self.dims, cfg, self.device.type)
+        else:
+            ac = cfg.activation_checkpoint
+            apply_ac(model, ac.mode, ac.selective_ac_option)
+            if cfg.compile.enable:
+                apply_compile(model)
+        model.to_empty(device=self.device)
+        model.init_weights()
+        if cfg.checkpoint.initial_load_path:
+            load_model_weights(model, cfg.checkpoint.initial_load_path)
         logger.info(
-            "built %s %s: %s parameters, %.2f GFLOPs/token at seq_len %d, on %s in %.1fs",
-            self.cfg.model.name,
-            self.cfg.model.flavor,
+            "built %s %s: %s parameters, %.2f GFLOPs/token at seq_len %d, %s, on %s in %.1fs",
+            cfg.model.name,
+            cfg.model.flavor,
             f"{args.num_params():,}",
-            args.flops_per_token(self.cfg.training.seq_len) / 1e9,
-            self.cfg.training.seq_len,
+            args.flops_per_token(cfg.training.seq_len) / 1e9,
+            cfg.training.seq_len,
+            self.dims.describe(),
             self.device,
             time.perf_counter() - start,
         )
         return model
 
+    @property
+    def _vocab_sharded_logits(self) -> bool:
+        return self.dims.tp > 1 and not self.cfg.parallelism.disable_loss_parallel
+
     def _autocast(self):
+        """bf16 autocast on GPU where FSDP's mixed precision does not already cast."""
         use_bf16 = (
-            self.device.type == "cuda" and self.cfg.training.mixed_precision_param == "bfloat16"
+            self.device.type == "cuda"
+            and self.cfg.training.mixed_precision_param == "bfloat16"
+            and not self.dims.data_parallel
         )
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16)
 
@@ -145,7 +173,8 @@ class Trainer:
         """Accumulate gradients of one optimizer step; -> (mean loss per token, data seconds).
 
         Every micro-step's summed loss is divided by the tokens of the whole step, so the
-        gradients equal those of one large batch.
+        gradients equal those of one large batch; data-parallel averaging of gradients then
+        makes them those of the global batch.
         """
         t = self.cfg.training
         tokens = self.accum_steps * t.local_batch_size * t.seq_len
@@ -158,12 +187,23 @@ class Trainer:
             inputs, labels = inputs.to(self.device), labels.to(self.device)
             with self._autocast():
                 logits = self.model(inputs)
-            micro_loss = F.cross_entropy(
-                logits.flatten(0, 1).float(), labels.flatten(), reduction="sum"
-            )
-            (micro_loss / tokens).backward()
-            loss_sum += micro_loss.detach()
-        return loss_sum / tokens, data_seconds
+            with loss_context(self._vocab_sharded_logits):
+                micro_loss = self.loss_fn(logits, labels)
+                (micro_loss / tokens).backward()
+            micro_loss = micro_loss.detach()
+            if isinstance(micro_loss, DTensor):  # loss parallel: replicated over TP
+                micro_loss = micro_loss.full_tensor()
+            loss_sum += micro_loss
+        return self._global_mean(loss_sum / tokens), data_seconds
+
+    def _global_mean(self, local: torch.Tensor) -> torch.Tensor:
+        """Average of a per-rank value over all data-parallel (and context-parallel) ranks."""
+        if dist.is_initialized() and self.dims.loss_mesh.size() > 1:
+            mesh = self.dims.loss_mesh
+            local = local.clone()
+            dist.all_reduce(local, group=mesh.get_group())
+            local /= mesh.size()
+        return local
 
     def train_step(self, data_iter) -> StepStats:
         loss, data_seconds = self.forward_backward(data_iter)
@@ -217,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     trainer = None
     try:
         trainer = Trainer(parse_args(argv))
-        trainer.train()
+        if not trainer.cfg.checkpoint.create_seed_checkpoint:
+            trainer.train()
     except USER_ERRORS as e:
         logger.error("error: %s", e)
         return 2

@@ -14,6 +14,8 @@ import torch.nn as nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+from torchtitan.parallel.blocks import replace_blocks
+
 aten = torch.ops.aten
 
 
@@ -48,8 +50,10 @@ def _wrap(block: nn.Module, selective: bool) -> nn.Module:
     return checkpoint_wrapper(block, preserve_rng_state=False)
 
 
-def apply_ac(model: nn.Module, mode: str, selective_ac_option: str = "op") -> None:
-    """Wrap entries of ``model.layers`` (a ModuleDict of blocks) in place.
+def apply_ac(
+    model: nn.Module, mode: str, selective_ac_option: str = "op", blocks_attr: str = "layers"
+) -> None:
+    """Wrap the model's blocks in place.
 
     mode "full" checkpoints every block; "selective" with option "op" applies the selective-op
     policy to every block, with option "N" fully checkpoints every N-th block.
@@ -58,6 +62,4 @@ def apply_ac(model: nn.Module, mode: str, selective_ac_option: str = "op") -> No
         return
     selective_op = mode == "selective" and selective_ac_option == "op"
     every = 1 if mode == "full" or selective_op else int(selective_ac_option)
-    for i, (name, block) in enumerate(model.layers.items()):
-        if i % every == 0:
-            model.layers[name] = _wrap(block, selective=selective_op)
+    replace_blocks(model, partial(_wrap, selective=selective_op), blocks_attr, every)

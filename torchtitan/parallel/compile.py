@@ -9,8 +9,13 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from torchtitan.parallel.blocks import replace_blocks
 
-def apply_compile(model: nn.Module) -> None:
-    """Replace each entry of ``model.layers`` with its compiled wrapper, in place."""
-    for name, block in model.layers.items():
-        model.layers[name] = torch.compile(block, fullgraph=True)
+
+def _compile(block: nn.Module) -> nn.Module:
+    return torch.compile(block, fullgraph=True)
+
+
+def apply_compile(model: nn.Module, blocks_attr: str = "layers") -> None:
+    """Replace each block with its compiled wrapper, in place."""
+    replace_blocks(model, _compile, blocks_attr)

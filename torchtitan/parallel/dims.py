@@ -1,0 +1,133 @@
+"""Parallelism degrees -> one DeviceMesh ordered (pp, dp_replicate, dp_shard, cp, tp).
+
+The mesh always has all five dimensions (size 1 where a parallelism is off), so every consumer can
+ask for the dimension it needs by name. The flattened meshes the rest of the code uses:
+
+* ``fsdp_mesh``: parameters are sharded over dp_shard x cp (context-parallel ranks hold the same
+  weights, so they shard them too); 2-D (dp_replicate, dp_shard_cp) for HSDP / DDP.
+* ``loss_mesh``: dp_replicate x dp_shard x cp, where the per-token loss is averaged.
+* ``dp_rank`` / ``dp_degree``: which share of the data this rank loads.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from torchtitan.config import ConfigError, Parallelism
+
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
+@dataclass
+class ParallelDims:
+    pp: int
+    dp_replicate: int
+    dp_shard: int
+    cp: int
+    tp: int
+    world_size: int
+    _meshes: dict[str, DeviceMesh] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_config(cls, p: Parallelism, world_size: int) -> ParallelDims:
+        """Resolve ``data_parallel_shard_degree = -1`` and check the degrees fill the world."""
+        degrees = {
+            "pipeline_parallel_degree": p.pipeline_parallel_degree,
+            "data_parallel_replicate_degree": p.data_parallel_replicate_degree,
+            "context_parallel_degree": p.context_parallel_degree,
+            "tensor_parallel_degree": p.tensor_parallel_degree,
+        }
+        for name, value in degrees.items():
+            if value < 1:
+                raise ConfigError(f"--parallelism.{name} must be >= 1; got {value}")
+        others = math.prod(degrees.values())
+        dp_shard = p.data_parallel_shard_degree
+        if dp_shard == -1:
+            if world_size % others:
+                raise ConfigError(
+                    f"the world size {world_size} is not divisible by the product {others} of "
+                    f"{_listing(degrees)}; change the degrees or the number of processes"
+                )
+            dp_shard = world_size // others
+        elif dp_shard < 1:
+            raise ConfigError(
+                f"--parallelism.data_parallel_shard_degree must be >= 1 or -1; got {dp_shard}"
+            )
+        if dp_shard * others != world_size:
+            degrees["data_parallel_shard_degree"] = dp_shard
+            raise ConfigError(
+                f"the parallel degrees multiply to {dp_shard * others} but the world size is "
+                f"{world_size} ({_listing(degrees)}); make the product equal the process count"
+            )
+        return cls(
+            pp=p.pipeline_parallel_degree,
+            dp_replicate=p.data_parallel_replicate_degree,
+            dp_shard=dp_shard,
+            cp=p.context_parallel_degree,
+            tp=p.tensor_parallel_degree,
+            world_size=world_size,
+        )
+
+    # ------------------------------------------------------------------ which features are on
+
+    @property
+    def dp_degree(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def fsdp_degree(self) -> int:
+        return self.dp_shard * self.cp
+
+    @property
+    def data_parallel(self) -> bool:
+        """Any kind of gradient averaging across replicas (FSDP, HSDP or DDP)."""
+        return self.dp_replicate * self.fsdp_degree > 1
+
+    # ------------------------------------------------------------------ meshes
+
+    def build_mesh(self, device_type: str) -> DeviceMesh:
+        shape = (self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp)
+        world = init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
+        self._meshes = {"world": world}
+        self._meshes["dp_shard_cp"] = world["dp_shard", "cp"]._flatten("dp_shard_cp")
+        self._meshes["loss"] = world["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
+        return world
+
+    def describe(self) -> str:
+        active = [f"{n}={getattr(self, n)}" for n in MESH_DIMS if getattr(self, n) > 1]
+        return "mesh " + (" x ".join(active) if active else "single device")
+
+    @property
+    def world_mesh(self) -> DeviceMesh:
+        return self._meshes["world"]
+
+    def mesh(self, name: str) -> DeviceMesh:
+        """A named dimension of the world mesh ("pp", "dp_replicate", "dp_shard", "cp", "tp")."""
+        return self.world_mesh[name]
+
+    @property
+    def fsdp_mesh(self) -> DeviceMesh:
+        if self.dp_replicate == 1:
+            return self._meshes["dp_shard_cp"]
+        with warnings.catch_warnings():
+            # Slicing a flattened dim from the root mesh is the documented way to get the 2-D
+            # HSDP mesh on torch 2.11-2.13; the deprecation names no replacement yet.
+            warnings.filterwarnings("ignore", message="Slicing a flattened dim")
+            return self.world_mesh["dp_replicate", "dp_shard_cp"]
+
+    @property
+    def loss_mesh(self) -> DeviceMesh:
+        return self._meshes["loss"]
+
+    @property
+    def dp_rank(self) -> int:
+        w = self.world_mesh
+        return w.get_local_rank("dp_replicate") * self.dp_shard + w.get_local_rank("dp_shard")
+
+
+def _listing(degrees: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in degrees.items())
