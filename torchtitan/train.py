@@ -218,7 +218,11 @@ class Trainer:
             loss=loss.item(),
             grad_norm=grad_norm.item(),
             lr=lr,
-            tokens=self.accum_steps * t.local_batch_size * t.seq_len,
+            # A data-parallel group's tokens are processed by its tp x cp x pp devices together.
+            tokens=self.accum_steps
+            * t.local_batch_size
+            * t.seq_len
+            // self.dims.model_parallel_size,
             data_seconds=data_seconds,
         )
 

@@ -90,3 +90,48 @@ def test_run_train_sh_trains_the_debug_model(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "training done: 3 steps" in result.stdout + result.stderr
     assert list((tmp_path / "tb").glob("*/events.out.tfevents.*"))
+
+
+@pytest.mark.parametrize(
+    "world, argv, expected",
+    [
+        (4, ["--parallelism.tensor_parallel_degree", "3"], "not divisible by the product 3"),
+        (
+            8,
+            ["--parallelism.tensor_parallel_degree", "8"],
+            "tensor_parallel_degree=8 must divide n_heads=16 and n_kv_heads=4",
+        ),
+        (
+            2,
+            ["--parallelism.tensor_parallel_degree", "2", "--training.seq_len", "63"],
+            "must divide training.seq_len=63",
+        ),
+        (
+            2,
+            [
+                "--parallelism.tensor_parallel_degree",
+                "2",
+                "--parallelism.enable_async_tensor_parallel",
+            ],
+            "needs tensor_parallel_degree > 1, --compile.enable and CUDA",
+        ),
+        (
+            2,
+            ["--training.global_batch_size", "12", "--training.local_batch_size", "4"],
+            "multiple of",
+        ),
+    ],
+)
+def test_parallel_layout_errors(capsys, monkeypatch, world, argv, expected):
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    assert expected in run_preflight(capsys, *argv)
+
+
+def test_seed_checkpoint_never_overwritten(tmp_path, capsys):
+    (tmp_path / "checkpoint" / "step-0").mkdir(parents=True)
+    err = run_preflight(
+        capsys, "--job.dump_folder", str(tmp_path), "--checkpoint.create_seed_checkpoint"
+    )
+    assert "already exists" in err
+    err = run_preflight(capsys, "--checkpoint.initial_load_path", str(tmp_path / "nope"))
+    assert "no complete DCP checkpoint" in err

@@ -83,6 +83,11 @@ class ParallelDims:
         return self.dp_shard * self.cp
 
     @property
+    def model_parallel_size(self) -> int:
+        """Devices that share one data-parallel replica's work (pp x cp x tp)."""
+        return self.pp * self.cp * self.tp
+
+    @property
     def data_parallel(self) -> bool:
         """Any kind of gradient averaging across replicas (FSDP, HSDP or DDP)."""
         return self.dp_replicate * self.fsdp_degree > 1

@@ -31,7 +31,7 @@ def parallelize_llama(model: nn.Module, dims: ParallelDims, cfg: JobConfig, devi
     if dims.tp > 1:
         apply_tp(model, dims.mesh("tp"), root_plan=llama_root_plan(not p.disable_loss_parallel))
         if p.enable_async_tensor_parallel:
-            enable_async_tp(dims.mesh("tp"))
+            enable_async_tp()
     apply_ac(model, cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option)
     if cfg.compile.enable:
         if dims.tp > 1 and getattr(model, "tok_embeddings", None) is not None:

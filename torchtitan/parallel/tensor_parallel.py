@@ -88,13 +88,9 @@ def check_tp_degree(n_heads: int, n_kv_heads: int, seq_len: int, tp: int) -> str
     return None
 
 
-def enable_async_tp(tp_mesh: DeviceMesh) -> None:
+def enable_async_tp() -> None:
     """Let inductor overlap TP's all-gather/reduce-scatter with the matmuls (CUDA + compile)."""
     import torch._inductor.config as inductor_config
 
+    # torch >= 2.11 allocates the symmetric memory it needs on demand.
     inductor_config._micro_pipeline_tp = True
-    try:
-        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
-    except ImportError:  # newer torch enables symmetric memory on demand
-        return
-    enable_symm_mem_for_group(tp_mesh.get_group().group_name)
