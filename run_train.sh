@@ -3,13 +3,27 @@
 #   NGPU=4 CONFIG_FILE=train_configs/llama3_8b.toml ./run_train.sh --training.steps 50
 # NGPU: processes on this host (default: all visible GPUs, else 1). On a machine without GPUs
 #       NGPU > 1 runs that many CPU processes over gloo.
-# LOG_RANK: comma-separated ranks whose output is shown (default 0).
+# LOG_RANK: comma-separated local ranks whose output is shown (default 0; on every node).
+#
+# Multi-node: run this script once on every node with the same NGPU, CONFIG_FILE and arguments
+# (see docs/multinode.md and scripts/slurm_multinode.sbatch), e.g. on node 0 and node 1 of two:
+#   NNODES=2 NODE_RANK=0 RDZV_ENDPOINT=node0:29500 ./run_train.sh ...
+#   NNODES=2 NODE_RANK=1 RDZV_ENDPOINT=node0:29500 ./run_train.sh ...
+# NNODES: number of nodes (default 1: a single-node --standalone launch).
+# NODE_RANK: this node's index, 0 <= NODE_RANK < NNODES (default 0).
+# RDZV_ENDPOINT: host:port of the c10d rendezvous store, the same on every node; required when
+#       NNODES > 1. The node whose address it names hosts the store (usually node 0).
+# RDZV_ID: rendezvous id shared by the nodes of one job (default "torchtitan").
+# The world size is NNODES * NGPU; the parallel degrees must multiply to it.
 set -euo pipefail
 cd "$(dirname "$0")"
 
 PYTHON=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 CONFIG_FILE=${CONFIG_FILE:-train_configs/debug_model.toml}
 LOG_RANK=${LOG_RANK:-0}
+NNODES=${NNODES:-1}
+NODE_RANK=${NODE_RANK:-0}
+RDZV_ID=${RDZV_ID:-torchtitan}
 
 visible=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())")
 NGPU=${NGPU:-$(( visible > 0 ? visible : 1 ))}
@@ -19,10 +33,28 @@ fi
 if (( visible > 0 && NGPU > visible )); then
   echo "error: NGPU=$NGPU but only $visible GPU(s) are visible; set NGPU<=$visible" >&2; exit 2
 fi
+if ! [[ "$NNODES" =~ ^[1-9][0-9]*$ ]]; then
+  echo "error: NNODES must be a positive integer; got '$NNODES'" >&2; exit 2
+fi
+if ! [[ "$NODE_RANK" =~ ^(0|[1-9][0-9]*)$ ]] || (( NODE_RANK >= NNODES )); then
+  echo "error: NODE_RANK must be an integer in [0, NNODES=$NNODES); got '$NODE_RANK'" >&2; exit 2
+fi
+
+if (( NNODES > 1 )); then
+  if ! [[ "${RDZV_ENDPOINT:-}" =~ ^[^[:space:]]+:[0-9]+$ ]]; then
+    echo "error: NNODES=$NNODES needs RDZV_ENDPOINT=host:port (the same on every node, e.g." \
+      "node 0's address and a free port); got '${RDZV_ENDPOINT:-}'" >&2; exit 2
+  fi
+  launcher=(--nnodes="$NNODES" --node_rank="$NODE_RANK" --rdzv_backend=c10d
+    --rdzv_endpoint="$RDZV_ENDPOINT" --rdzv_id="$RDZV_ID")
+else
+  launcher=(--standalone)
+fi
 
 # Fail on config, tokenizer and dataset mistakes in one line, before torchrun starts N processes.
-WORLD_SIZE=$NGPU "$PYTHON" -m torchtitan.preflight --job.config_file "$CONFIG_FILE" "$@"
+WORLD_SIZE=$(( NNODES * NGPU )) "$PYTHON" -m torchtitan.preflight \
+  --job.config_file "$CONFIG_FILE" "$@"
 
-exec "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node="$NGPU" \
+exec "$PYTHON" -m torch.distributed.run "${launcher[@]}" --nproc_per_node="$NGPU" \
   --local-ranks-filter "$LOG_RANK" --role rank --tee 3 \
   -m torchtitan.train --job.config_file "$CONFIG_FILE" "$@"

@@ -23,7 +23,7 @@ from torchtitan.metrics import MetricsLogger, StepStats
 from torchtitan.models.llama3 import Transformer
 from torchtitan.optim import build_lr_scheduler, build_optimizer, clip_grad_norm
 from torchtitan.parallel.activation_checkpoint import apply_ac
-from torchtitan.parallel.compile import apply_compile
+from torchtitan.parallel.compile import apply_compile, use_per_rank_compile_cache
 from torchtitan.parallel.parallelize import parallelize_llama
 from torchtitan.preflight import USER_ERRORS, check_job, seed_checkpoint_path
 
@@ -104,6 +104,8 @@ class Trainer:
             dist.init_process_group(backend, timeout=timeout)
         if dist.is_initialized():
             self.dims.build_mesh(self.device.type)
+            if self.cfg.compile.enable:
+                use_per_rank_compile_cache(self.rank)
         torch.manual_seed(t.seed)
         if t.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,14 +24,19 @@ TINY_JOB = [
 ]
 
 
-def torchrun(nproc: int, args: list[str], timeout: int = 300, nnodes_args=None) -> str:
+def torchrun(nproc: int, args: list[str], timeout: int = 300) -> str:
     """Launch ``python -m torchtitan.train`` on ``nproc`` CPU processes; returns the output.
 
-    The whole process group is killed on timeout, so a hung rank cannot outlive the test.
+    The whole process tree is killed on timeout, so a hung rank cannot outlive the test.
     """
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    launcher = nnodes_args or ["--standalone"]
-    cmd = [sys.executable, "-m", "torch.distributed.run", *launcher, f"--nproc_per_node={nproc}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+    ]
     cmd += ["--local-ranks-filter=0", "-m", "torchtitan.train", *args]
     proc = subprocess.Popen(
         cmd,
@@ -44,7 +50,7 @@ def torchrun(nproc: int, args: list[str], timeout: int = 300, nnodes_args=None) 
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(proc)
         out, _ = proc.communicate()
         raise AssertionError(f"torchrun timed out after {timeout}s:\n{out[-3000:]}") from None
     if proc.returncode != 0:
@@ -61,3 +67,87 @@ def read_metrics(dump_folder: Path) -> list[dict]:
 def curves(dump_folder: Path) -> tuple[list[float], list[float]]:
     rows = read_metrics(dump_folder)
     return [r["loss"] for r in rows], [r["grad_norm"] for r in rows]
+
+
+def start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start ``cmd`` in the repo root, in a new session (its own process group), output to ``log``.
+
+    For launching several torchruns at once (e.g. one per "node"); end them with ``wait_all``.
+    A file rather than a pipe: nobody reads the output while several processes run.
+    """
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    with open(log, "w") as out:
+        return subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (Linux /proc); [] where /proc is unavailable."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def kill_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """Stop ``proc``'s process group and everything below it.
+
+    torchrun starts each worker in a session of its own, so killing torchrun's group alone would
+    orphan the workers: SIGTERM first (torchrun forwards it to its workers), then SIGKILL to the
+    group and to every descendant's group that is still there.
+    """
+    if proc.poll() is not None:
+        return
+    tree = _descendants(proc.pid)
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    for pid in [proc.pid, *tree]:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    proc.wait()
+
+
+def wait_all(procs: list[subprocess.Popen], logs: list[Path], timeout: int = 300) -> None:
+    """Wait for concurrently started processes; all must exit 0 within ``timeout`` seconds.
+
+    As soon as one fails, or at the deadline, every one of them is killed (``kill_tree``), so a
+    rank left waiting for a dead peer cannot outlive the test.
+    """
+    deadline = time.monotonic() + timeout
+    timed_out = False
+    try:
+        while any(p.poll() is None for p in procs):
+            if any(p.returncode not in (None, 0) for p in procs):
+                break
+            if time.monotonic() > deadline:
+                timed_out = True
+                break
+            time.sleep(0.2)
+    finally:
+        for p in procs:
+            kill_tree(p)
+    bad = [(i, p.returncode) for i, p in enumerate(procs) if p.returncode != 0]
+    if bad:
+        what = f"timed out after {timeout}s" if timed_out else "failed"
+        tails = "\n".join(
+            f"--- process {i} (rc={rc}):\n{logs[i].read_text()[-3000:]}" for i, rc in bad
+        )
+        raise AssertionError(f"{len(bad)} of {len(procs)} processes {what}:\n{tails}")

@@ -47,12 +47,13 @@ LAYOUTS = {
         4,
         ["--training.local_batch_size=4", "--parallelism.tensor_parallel_degree=2"],
     ),
-    "fsdp2_tp2_compile_selective_op": (
+    "fsdp2_tp2_compile_loss_selective_op": (
         4,
         [
             "--training.local_batch_size=4",
             "--parallelism.tensor_parallel_degree=2",
             "--compile.enable",
+            "--compile.loss",
             "--activation_checkpoint.mode=selective",
         ],
     ),

@@ -1,5 +1,7 @@
 """Regional compile: every block compiled, same loss and gradients as eager."""
 
+import os
+
 import torch
 
 from tests.unit.test_train import grads_after_one_step, make_trainer
@@ -14,3 +16,12 @@ def test_compiled_blocks_match_eager(tmp_path):
     assert compiled.keys() == eager.keys()
     for name, grad in eager.items():
         torch.testing.assert_close(compiled[name], grad, rtol=1e-4, atol=1e-6)
+
+
+def test_per_rank_compile_cache_folder(monkeypatch, tmp_path):
+    from torchtitan.parallel.compile import use_per_rank_compile_cache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    use_per_rank_compile_cache(3)
+    use_per_rank_compile_cache(3)  # idempotent
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "rank_3")

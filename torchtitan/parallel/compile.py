@@ -6,16 +6,46 @@ compile cost is paid once; FSDP's hooks stay outside the compiled regions.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn as nn
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-from torchtitan.parallel.blocks import replace_blocks
+from torchtitan.parallel.blocks import block_items, replace_blocks
 
 
 def _compile(block: nn.Module) -> nn.Module:
     return torch.compile(block, fullgraph=True)
 
 
+def _clone_tensor_inputs(module, args):
+    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+
+
 def apply_compile(model: nn.Module, blocks_attr: str = "layers") -> None:
-    """Replace each block with its compiled wrapper, in place."""
+    """Replace each block with its compiled wrapper, in place.
+
+    The first block's tensor inputs are cloned (eagerly, outside the compiled region): on torch
+    2.13 a compiled block that directly consumes a tensor-parallel (RowwiseParallel) embedding's
+    output fails in backward with "'Tensor' object has no attribute '_local_tensor'", and one eager
+    op in between avoids it. The copy is one activation per step.
+    """
     replace_blocks(model, _compile, blocks_attr)
+    first = block_items(model, blocks_attr)[0][1]
+    first.register_forward_pre_hook(_clone_tensor_inputs)
+
+
+def use_per_rank_compile_cache(rank: int) -> None:
+    """Give each rank its own inductor cache folder (``<TORCHINDUCTOR_CACHE_DIR>/rank_<r>``).
+
+    A compiled graph that contains collectives names its process group, and ranks of different
+    TP groups have different group names; the cache key does not include them (torch 2.13), so a
+    cache shared by all ranks hands one rank another's graph on a warm start ("Could not resolve
+    the process group registered under the name 15"). Each rank compiles anyway; the per-rank
+    cache still makes re-runs warm.
+    """
+    base = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()
+    leaf = f"rank_{rank}"
+    if os.path.basename(base) != leaf:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(base, leaf)

@@ -7,6 +7,8 @@ code path serves all three.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -14,7 +16,15 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from torchtitan.parallel.blocks import block_items
 
-RESHARD_POLICIES = ("default", "always", "never")
+
+def _present(model: nn.Module, names: Sequence[str]) -> list[nn.Module]:
+    modules = []
+    for name in names:
+        try:
+            modules.append(model.get_submodule(name))
+        except AttributeError:  # absent, e.g. cut away (set to None) by a pipeline split
+            pass
+    return modules
 
 
 def reshard_after_forward(policy: str, pipeline_parallel: bool) -> bool:
@@ -33,9 +43,13 @@ def apply_fsdp(
     reshard_policy: str = "default",
     pipeline_parallel: bool = False,
     blocks_attr: str = "layers",
+    input_group: Sequence[str] = ("tok_embeddings",),
+    output_group: Sequence[str] = ("norm", "output"),
 ) -> None:
-    """Shard ``model`` in place: each block, Llama's ``tok_embeddings`` and ``norm`` + ``output``
-    where present, then the root (which takes every parameter not in a group above).
+    """Shard ``model`` in place: the input modules (embeddings) as one group, each block, the
+    output modules (final norm + head) as one group, then the root, which takes every parameter
+    not in a group. Names in the groups that the model lacks (e.g. after a pipeline split) are
+    skipped; a custom model names its own.
 
     Each group's parameters are all-gathered right before its forward and its gradients
     reduce-scattered right after its backward, which overlaps communication with compute.
@@ -43,16 +57,16 @@ def apply_fsdp(
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     reshard = reshard_after_forward(reshard_policy, pipeline_parallel)
     kwargs = dict(mesh=mesh, mp_policy=mp)
-    if getattr(model, "tok_embeddings", None) is not None:
-        fully_shard(model.tok_embeddings, reshard_after_forward=reshard, **kwargs)
+    inputs = _present(model, input_group)
+    if inputs:
+        fully_shard(inputs, reshard_after_forward=reshard, **kwargs)
     blocks = [block for _, block in block_items(model, blocks_attr)]
     for i, block in enumerate(blocks):
         # The last block's backward starts right after forward: keep its weights gathered.
         last = i == len(blocks) - 1
         fully_shard(block, reshard_after_forward=reshard and not last, **kwargs)
-    head = [
-        m for m in (getattr(model, "norm", None), getattr(model, "output", None)) if m is not None
-    ]
-    if head:
-        fully_shard(head, reshard_after_forward=False, **kwargs)
+    # The head's backward comes right after its forward: keep it gathered.
+    outputs = _present(model, output_group)
+    if outputs:
+        fully_shard(outputs, reshard_after_forward=False, **kwargs)
     fully_shard(model, reshard_after_forward=False, **kwargs)

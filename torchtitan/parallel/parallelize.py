@@ -22,10 +22,6 @@ from torchtitan.parallel.tensor_parallel import apply_tp, enable_async_tp, llama
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-def _clone_output(module, inputs, output):
-    return output.clone()
-
-
 def parallelize_llama(model: nn.Module, dims: ParallelDims, cfg: JobConfig, device_type: str):
     p = cfg.parallelism
     if dims.tp > 1:
@@ -34,11 +30,6 @@ def parallelize_llama(model: nn.Module, dims: ParallelDims, cfg: JobConfig, devi
             enable_async_tp()
     apply_ac(model, cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option)
     if cfg.compile.enable:
-        if dims.tp > 1 and getattr(model, "tok_embeddings", None) is not None:
-            # torch 2.13: a compiled block that directly consumes the RowwiseParallel embedding's
-            # output fails in backward ("'Tensor' object has no attribute '_local_tensor'");
-            # one eager op in between avoids it.
-            model.tok_embeddings.register_forward_hook(_clone_output)
         apply_compile(model)
     if dims.data_parallel:
         on_gpu = device_type == "cuda"

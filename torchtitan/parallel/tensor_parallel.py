@@ -66,12 +66,15 @@ def apply_tp(
 ) -> None:
     """Apply ``root_plan`` to ``model`` and ``block_plan`` to each block.
 
-    Entries whose module is absent (e.g. cut away by a pipeline split) are skipped.
+    Root-plan entries whose top-level module is absent (e.g. cut away by a pipeline split) are
+    skipped; nested keys ("head.proj") and wildcards are passed on to ``parallelize_module``.
     Defaults: the Llama plans above, with loss parallel.
     """
     root_plan = llama_root_plan() if root_plan is None else root_plan
     block_plan = llama_block_plan() if block_plan is None else block_plan
-    present = {k: v for k, v in root_plan.items() if getattr(model, k, None) is not None}
+    present = {
+        k: v for k, v in root_plan.items() if getattr(model, k.split(".")[0], None) is not None
+    }
     parallelize_module(model, tp_mesh, present)
     for _, block in block_items(model, blocks_attr):
         parallelize_module(block, tp_mesh, block_plan)
