@@ -91,6 +91,22 @@ class Parallelism:
     tensor_parallel_degree: int = opt(1, "tensor + sequence parallel degree")
     context_parallel_degree: int = opt(1, "context parallel degree")
     pipeline_parallel_degree: int = opt(1, "pipeline parallel degree")
+    pipeline_parallel_schedule: str = opt(
+        "1F1B",
+        "GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, "
+        "DualPipeV, or CSV (read pipeline_parallel_schedule_csv)",
+    )
+    pipeline_parallel_schedule_csv: str = opt("", "with schedule CSV: the schedule file")
+    pipeline_parallel_microbatch_size: int = opt(1, "samples per pipeline microbatch")
+    pipeline_parallel_stages_per_rank: int = opt(
+        0, "stages per rank for looped schedules; 0 = 2 (single-stage: 1, V-shaped: 2)"
+    )
+    pipeline_parallel_split_points: list[int] = opt(
+        [], "layer indices where stages 2, 3, ... begin; empty = balanced split"
+    )
+    pipeline_parallel_layers_per_stage: int = opt(
+        0, "layers per stage (sets the stage count); 0 = balanced split"
+    )
     fsdp_reshard_after_forward: str = opt(
         "default",
         "free gathered weights after forward: default (yes, except under PP), always, never",

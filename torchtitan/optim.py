@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
@@ -51,10 +52,12 @@ def build_lr_scheduler(optimizer, total_steps: int, cfg: LRScheduler) -> LambdaL
     return LambdaLR(optimizer, lambda last: lr_factor(last + 1, total_steps, cfg))
 
 
-def clip_grad_norm(params, max_norm: float) -> torch.Tensor:
+def clip_grad_norm(params, max_norm: float, pp_group=None) -> torch.Tensor:
     """Total L2 norm of all gradients (before clipping); clips in place when max_norm > 0.
 
-    Sharded (DTensor) gradients give the norm of the full gradients, reduced over their mesh.
+    Sharded (DTensor) gradients give the norm of the full gradients, reduced over their mesh;
+    under pipeline parallelism each rank holds other parameters, so the squared norms are also
+    summed over ``pp_group``.
     On CPU the norm is accumulated in float64: an fp32 CPU norm of a large, mostly tiny gradient
     (the output head's) is off by ~1e-4 relative, more than the layouts differ by.
     """
@@ -64,6 +67,10 @@ def clip_grad_norm(params, max_norm: float) -> torch.Tensor:
     norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()
+    if pp_group is not None:
+        squared = norm**2
+        dist.all_reduce(squared, group=pp_group)
+        norm = squared.sqrt()
     if max_norm > 0:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
     return norm

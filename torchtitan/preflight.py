@@ -6,6 +6,7 @@ so a mistake prints one line instead of N tracebacks; the trainer runs the same 
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 from dataclasses import dataclass
@@ -19,6 +20,13 @@ from torchtitan.data.text import DataError, resolve_source
 from torchtitan.data.tokenizer import Tokenizer, TokenizerError
 from torchtitan.models.llama3 import ModelArgs, get_model_args
 from torchtitan.parallel.dims import ParallelDims
+from torchtitan.parallel.pipeline import (
+    SCHEDULES,
+    ZERO_BUBBLE,
+    check_microbatches,
+    microbatch_count,
+    plan_stages,
+)
 from torchtitan.parallel.tensor_parallel import check_tp_degree
 
 USER_ERRORS = (ConfigError, DataError, TokenizerError)
@@ -34,9 +42,12 @@ class CheckedJob:
 
 def check_parallelism(cfg: JobConfig, model_args: ModelArgs, world_size: int) -> ParallelDims:
     dims = ParallelDims.from_config(cfg.parallelism, world_size)
-    for name in ("pipeline_parallel_degree", "context_parallel_degree"):
-        if getattr(cfg.parallelism, name) != 1:
-            raise ConfigError(f"--parallelism.{name} > 1 is not supported yet; set it to 1")
+    if cfg.parallelism.context_parallel_degree != 1:
+        raise ConfigError(
+            "--parallelism.context_parallel_degree > 1 is not supported yet; set it to 1"
+        )
+    if dims.pp > 1:
+        check_pipeline(cfg, model_args, dims)
     if dims.tp > 1:
         reason = check_tp_degree(
             model_args.n_heads, model_args.kv_heads, cfg.training.seq_len, dims.tp
@@ -50,6 +61,44 @@ def check_parallelism(cfg: JobConfig, model_args: ModelArgs, world_size: int) ->
                 "--compile.enable and CUDA GPUs"
             )
     return dims
+
+
+def check_pipeline(cfg: JobConfig, model_args: ModelArgs, dims: ParallelDims) -> None:
+    p = cfg.parallelism
+    schedule = p.pipeline_parallel_schedule
+    if schedule not in SCHEDULES:
+        close = difflib.get_close_matches(schedule, SCHEDULES, n=1, cutoff=0.3)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        raise ConfigError(
+            f"unknown --parallelism.pipeline_parallel_schedule '{schedule}'; {hint}"
+            f"choose one of: {', '.join(SCHEDULES)}"
+        )
+    if schedule == "CSV" and not Path(p.pipeline_parallel_schedule_csv).is_file():
+        raise ConfigError(
+            "schedule CSV needs --parallelism.pipeline_parallel_schedule_csv pointing at a file; "
+            f"got {p.pipeline_parallel_schedule_csv!r}"
+        )
+    if schedule in ZERO_BUBBLE and cfg.compile.enable:
+        raise ConfigError(
+            f"{schedule} splits backward into input and weight gradients, which torch does not "
+            "support for compiled stages; use another schedule or drop --compile.enable"
+        )
+    try:
+        n_microbatches = microbatch_count(
+            cfg.training.local_batch_size, p.pipeline_parallel_microbatch_size
+        )
+        plan = plan_stages(
+            model_args.n_layers,
+            dims.pp,
+            0,
+            schedule if schedule != "CSV" else "Interleaved1F1B",
+            p.pipeline_parallel_stages_per_rank,
+            p.pipeline_parallel_split_points,
+            p.pipeline_parallel_layers_per_stage,
+        )
+        check_microbatches(schedule, n_microbatches, dims.pp, plan.num_stages)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def check_checkpoint(cfg: JobConfig, world_size: int) -> None:

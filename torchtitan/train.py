@@ -25,6 +25,14 @@ from torchtitan.optim import build_lr_scheduler, build_optimizer, clip_grad_norm
 from torchtitan.parallel.activation_checkpoint import apply_ac
 from torchtitan.parallel.compile import apply_compile, use_per_rank_compile_cache
 from torchtitan.parallel.parallelize import parallelize_llama
+from torchtitan.parallel.pipeline import (
+    StagePlan,
+    build_pipeline_stage,
+    build_schedule,
+    build_stage_module,
+    microbatch_count,
+    plan_stages,
+)
 from torchtitan.preflight import USER_ERRORS, check_job, seed_checkpoint_path
 
 logger = logging.getLogger("torchtitan")
@@ -63,9 +71,10 @@ class Trainer:
         self.dump_folder = Path(cfg.job.dump_folder)
         self._init_runtime()
         self._save_effective_config()
-        self.model = self._build_model()
         if cfg.checkpoint.create_seed_checkpoint:
+            self._write_seed_checkpoint()
             return
+        self.model_parts, self.schedule, self.stage_plan = self._build_model()
         self.dataloader = build_dataloader(
             cfg.training.dataset,
             self.tokenizer,
@@ -75,11 +84,14 @@ class Trainer:
             dp_world_size=self.dims.dp_degree,
             text_field=cfg.training.text_field,
         )
-        self.optimizer = build_optimizer(self.model.parameters(), cfg.optimizer, self.device.type)
-        self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.training.steps, cfg.lr_scheduler)
-        self.loss_fn = cross_entropy_sum
-        if cfg.compile.enable and cfg.compile.loss:
-            self.loss_fn = torch.compile(cross_entropy_sum)
+        # One optimizer (and lr schedule) per model part: a pipeline rank may hold several stages.
+        self.optimizers = [
+            build_optimizer(part.parameters(), cfg.optimizer, self.device.type)
+            for part in self.model_parts
+        ]
+        self.lr_schedulers = [
+            build_lr_scheduler(opt, cfg.training.steps, cfg.lr_scheduler) for opt in self.optimizers
+        ]
         self.metrics = MetricsLogger(
             device=self.device,
             flops_per_token=self.model_args.flops_per_token(cfg.training.seq_len),
@@ -122,39 +134,103 @@ class Trainer:
             folder.mkdir(parents=True, exist_ok=True)
             (folder / f"{self.run_id}.toml").write_text(text)
 
-    def _build_model(self) -> nn.Module:
+    def _write_seed_checkpoint(self) -> None:
+        """The whole model's initial weights, from one process on CPU (the parity baseline)."""
+        with torch.device("meta"):
+            model = Transformer(self.model_args)
+        model.to_empty(device="cpu")
+        model.init_weights()
+        save_seed_checkpoint(model, seed_checkpoint_path(self.cfg))
+
+    def _build_model(self) -> tuple[list[nn.Module], object, StagePlan | None]:
+        """-> (model parts on this rank, pipeline schedule or None, stage plan or None)."""
         start = time.perf_counter()
         args, cfg = self.model_args, self.cfg
+        self.loss_fn = cross_entropy_sum
+        if cfg.compile.enable and cfg.compile.loss:
+            self.loss_fn = torch.compile(cross_entropy_sum)
         with torch.device("meta"):
             model = Transformer(args)
-        if cfg.checkpoint.create_seed_checkpoint:
-            model.to_empty(device="cpu")
-            model.init_weights()
-            save_seed_checkpoint(model, seed_checkpoint_path(cfg))
-            return model
-        if dist.is_initialized():
-            parallelize_llama(model, self.dims, cfg, self.device.type)
+        schedule, plan = None, None
+        if self.dims.pp > 1:
+            parts, schedule, plan = self._build_pipeline(model)
         else:
-            ac = cfg.activation_checkpoint
-            apply_ac(model, ac.mode, ac.selective_ac_option)
-            if cfg.compile.enable:
-                apply_compile(model)
-        model.to_empty(device=self.device)
-        model.init_weights()
-        if cfg.checkpoint.initial_load_path:
-            load_model_weights(model, cfg.checkpoint.initial_load_path)
+            parts = [self._parallelize(model)]
+        for part in parts:
+            part.to_empty(device=self.device)
+            part.init_weights()
+            if cfg.checkpoint.initial_load_path:
+                load_model_weights(part, cfg.checkpoint.initial_load_path)
         logger.info(
-            "built %s %s: %s parameters, %.2f GFLOPs/token at seq_len %d, %s, on %s in %.1fs",
+            "built %s %s: %s parameters, %.2f GFLOPs/token at seq_len %d, %s%s, on %s in %.1fs",
             cfg.model.name,
             cfg.model.flavor,
             f"{args.num_params():,}",
             args.flops_per_token(cfg.training.seq_len) / 1e9,
             cfg.training.seq_len,
             self.dims.describe(),
+            f", stages {plan.stage_ids} of {plan.num_stages}" if plan else "",
             self.device,
             time.perf_counter() - start,
         )
+        return parts, schedule, plan
+
+    def _parallelize(self, model: nn.Module) -> nn.Module:
+        cfg = self.cfg
+        if dist.is_initialized():
+            return parallelize_llama(model, self.dims, cfg, self.device.type)
+        ac = cfg.activation_checkpoint
+        apply_ac(model, ac.mode, ac.selective_ac_option)
+        if cfg.compile.enable:
+            apply_compile(model)
         return model
+
+    def _build_pipeline(self, model: nn.Module):
+        p, t = self.cfg.parallelism, self.cfg.training
+        pp_mesh = self.dims.mesh("pp")
+        plan = plan_stages(
+            self.model_args.n_layers,
+            self.dims.pp,
+            pp_mesh.get_local_rank(),
+            p.pipeline_parallel_schedule,
+            p.pipeline_parallel_stages_per_rank,
+            p.pipeline_parallel_split_points,
+            p.pipeline_parallel_layers_per_stage,
+        )
+        parts, stages = [], []
+        for stage_id in plan.stage_ids:
+            first, last = stage_id == 0, stage_id == plan.num_stages - 1
+            part = build_stage_module(model, plan.layers[stage_id], first, last)
+            part = self._parallelize(part)
+            parts.append(part)
+            stages.append(
+                build_pipeline_stage(part, stage_id, plan, self.device, pp_mesh.get_group())
+            )
+        n_microbatches = microbatch_count(t.local_batch_size, p.pipeline_parallel_microbatch_size)
+        schedule = build_schedule(
+            p.pipeline_parallel_schedule,
+            stages,
+            n_microbatches,
+            self._pipeline_loss,
+            p.pipeline_parallel_schedule_csv,
+        )
+        return parts, schedule, plan
+
+    def _pipeline_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """A microbatch's summed loss over the step's tokens: the microbatch losses then add up
+        to the step's mean loss, as in the non-pipelined path."""
+        return self.loss_fn(logits, labels) / self._tokens_per_step
+
+    @property
+    def model(self) -> nn.Module:
+        """The model, where it is one module (no pipeline parallelism)."""
+        (part,) = self.model_parts
+        return part
+
+    @property
+    def _tokens_per_step(self) -> int:
+        t = self.cfg.training
+        return self.accum_steps * t.local_batch_size * t.seq_len
 
     @property
     def _vocab_sharded_logits(self) -> bool:
@@ -178,25 +254,43 @@ class Trainer:
         gradients equal those of one large batch; data-parallel averaging of gradients then
         makes them those of the global batch.
         """
-        t = self.cfg.training
-        tokens = self.accum_steps * t.local_batch_size * t.seq_len
-        loss_sum = torch.zeros((), device=self.device)
+        tokens = self._tokens_per_step
+        loss = torch.zeros((), device=self.device)
         data_seconds = 0.0
         for _ in range(self.accum_steps):
             start = time.perf_counter()
             inputs, labels = next(data_iter)
             data_seconds += time.perf_counter() - start
             inputs, labels = inputs.to(self.device), labels.to(self.device)
+            if self.schedule is not None:
+                loss += self._pipeline_step(inputs, labels)
+                continue
             with self._autocast():
                 logits = self.model(inputs)
             with loss_context(self._vocab_sharded_logits):
-                micro_loss = self.loss_fn(logits, labels)
-                (micro_loss / tokens).backward()
-            micro_loss = micro_loss.detach()
-            if isinstance(micro_loss, DTensor):  # loss parallel: replicated over TP
-                micro_loss = micro_loss.full_tensor()
-            loss_sum += micro_loss
-        return self._global_mean(loss_sum / tokens), data_seconds
+                micro_loss = self.loss_fn(logits, labels) / tokens
+                micro_loss.backward()
+            loss += _local(micro_loss.detach())
+        if self.schedule is not None:
+            loss = self._from_last_stage(loss)
+        return self._global_mean(loss), data_seconds
+
+    def _pipeline_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Run the schedule over one micro-step's microbatches; -> this rank's loss share
+        (non-zero only on the rank holding the last stage)."""
+        losses: list[torch.Tensor] = []
+        kwargs = {}
+        if self.stage_plan.has_last():
+            kwargs = dict(target=labels, losses=losses)
+        args = (inputs,) if self.stage_plan.has_first() else ()
+        with self._autocast(), loss_context(self._vocab_sharded_logits):
+            self.schedule.step(*args, **kwargs)
+        return sum((_local(x.detach()) for x in losses), torch.zeros((), device=self.device))
+
+    def _from_last_stage(self, loss: torch.Tensor) -> torch.Tensor:
+        """The last stage's loss on every pipeline rank (others contribute 0), so rank 0 logs it."""
+        dist.all_reduce(loss, group=self.dims.mesh("pp").get_group())
+        return loss
 
     def _global_mean(self, local: torch.Tensor) -> torch.Tensor:
         """Average of a per-rank value over all data-parallel (and context-parallel) ranks."""
@@ -209,22 +303,21 @@ class Trainer:
 
     def train_step(self, data_iter) -> StepStats:
         loss, data_seconds = self.forward_backward(data_iter)
-        grad_norm = clip_grad_norm(list(self.model.parameters()), self.cfg.training.max_norm)
-        lr = self.lr_scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.lr_scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        t = self.cfg.training
+        params = [p for part in self.model_parts for p in part.parameters()]
+        pp_group = self.dims.mesh("pp").get_group() if self.dims.pp > 1 else None
+        grad_norm = clip_grad_norm(params, self.cfg.training.max_norm, pp_group)
+        lr = self.lr_schedulers[0].get_last_lr()[0]
+        for optimizer, lr_scheduler in zip(self.optimizers, self.lr_schedulers):
+            optimizer.step()
+            lr_scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
         return StepStats(
             step=self.step,
             loss=loss.item(),
             grad_norm=grad_norm.item(),
             lr=lr,
             # A data-parallel group's tokens are processed by its tp x cp x pp devices together.
-            tokens=self.accum_steps
-            * t.local_batch_size
-            * t.seq_len
-            // self.dims.model_parallel_size,
+            tokens=self._tokens_per_step // self.dims.model_parallel_size,
             data_seconds=data_seconds,
         )
 
@@ -256,6 +349,11 @@ class Trainer:
         if dist.is_initialized():
             dist.destroy_process_group()
         gc.enable()
+
+
+def _local(loss: torch.Tensor) -> torch.Tensor:
+    """Loss parallel returns the loss as a DTensor replicated over TP; the value is the same."""
+    return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
 
 def main(argv: list[str] | None = None) -> int:

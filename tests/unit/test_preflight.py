@@ -135,3 +135,22 @@ def test_seed_checkpoint_never_overwritten(tmp_path, capsys):
     assert "already exists" in err
     err = run_preflight(capsys, "--checkpoint.initial_load_path", str(tmp_path / "nope"))
     assert "no complete DCP checkpoint" in err
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--parallelism.pipeline_parallel_schedule", "Interleaved1f1b"], "did you mean"),
+        (["--parallelism.pipeline_parallel_microbatch_size", "3"], "not divisible"),
+        (
+            ["--parallelism.pipeline_parallel_schedule", "ZBVZeroBubble", "--compile.enable"],
+            "does not support for compiled stages",
+        ),
+        (["--parallelism.pipeline_parallel_schedule", "CSV"], "pipeline_parallel_schedule_csv"),
+        (["--training.local_batch_size", "1"], "1F1B needs at least 2 microbatches"),
+    ],
+)
+def test_pipeline_errors(capsys, monkeypatch, argv, expected):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    err = run_preflight(capsys, "--parallelism.pipeline_parallel_degree", "2", *argv)
+    assert expected in err
