@@ -1,0 +1,285 @@
+"""Export a torchtitan DCP checkpoint to a Hugging Face ``LlamaForCausalLM`` folder.
+
+    python scripts/convert_to_hf.py --checkpoint outputs/checkpoint --out my_llama_hf
+    python scripts/convert_to_hf.py --checkpoint outputs/checkpoint/step-1000 --flavor 8B \\
+        --out my_llama_hf --dtype bfloat16
+
+``--checkpoint`` is one DCP checkpoint folder (``step-N``, holding ``.metadata``) or a folder of
+them (``--step N`` picks one, default the highest step). Only its model weights (keys
+``model.*``) are read; optimizer state and the rest are ignored. The flavor is inferred from the
+stored shapes when ``--flavor`` is omitted and exactly one flavor fits.
+
+Writes ``model.safetensors`` (or ``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index
+.json`` above ``--max-shard-size``), ``config.json`` and ``generation_config.json``; the folder
+loads with ``transformers.LlamaForCausalLM.from_pretrained(OUT)``. Each shard's tensors are
+read from the checkpoint, converted and written in turn, so memory use is about one shard in the
+checkpoint's dtype plus one in the output dtype (Llama 3.2 1B, fp32 -> bf16, 1GB shards: 3.3 GB
+peak). The output is written to ``OUT.tmp`` and renamed, and an existing non-empty ``OUT`` is
+never touched.
+See docs/hf_interop.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+import warnings
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+import torch  # noqa: E402
+
+from torchtitan.models.llama3 import MODEL_FLAVORS, ModelArgs, get_model_args, hf  # noqa: E402
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+MODEL_PREFIX = "model."
+
+
+def find_checkpoint(path: Path, step: int | None) -> Path:
+    """The DCP checkpoint folder to read: ``path`` itself, ``path/step-N``, or the latest step."""
+    if step is not None:
+        path = path / f"step-{step}"
+    elif not (path / ".metadata").is_file() and path.is_dir():
+        steps = [
+            (int(m.group(1)), p)
+            for p in path.iterdir()
+            if (m := re.fullmatch(r"step-(\d+)", p.name)) and (p / ".metadata").is_file()
+        ]
+        if steps:
+            path = max(steps)[1]
+    if not (path / ".metadata").is_file():
+        raise ValueError(f"no complete DCP checkpoint at {path} (its .metadata file is missing)")
+    return path
+
+
+def checkpoint_tensors(ckpt: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Our parameter name -> (shape, stored dtype), from the checkpoint's metadata only."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    metadata = FileSystemReader(str(ckpt)).read_metadata()
+    out = {}
+    for key, md in metadata.state_dict_metadata.items():
+        if key.startswith(MODEL_PREFIX) and isinstance(md, TensorStorageMetadata):
+            out[key[len(MODEL_PREFIX) :]] = (tuple(md.size), md.properties.dtype)
+    if not out:
+        raise ValueError(f"checkpoint {ckpt} holds no model weights (no 'model.*' keys)")
+    return out
+
+
+def parse_override(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise ValueError(f"--override expects KEY=VALUE, got '{text}'")
+    lowered = value.lower()
+    if lowered in ("true", "false"):
+        return key, lowered == "true"
+    for cast in (int, float):
+        try:
+            return key, cast(value)
+        except ValueError:
+            pass
+    return key, value
+
+
+def _shapes_only(tensors: dict) -> dict[str, tuple[int, ...]]:
+    return {k: shape for k, (shape, _) in tensors.items()}
+
+
+def resolve_args(
+    tensors: dict, flavor: str | None, overrides: dict, ckpt: Path
+) -> tuple[str, ModelArgs]:
+    """The flavor (given, or the only one whose shapes fit) and its ModelArgs, checked against
+    the checkpoint's shapes."""
+    shapes = _shapes_only(tensors)
+    if flavor is None:
+        fits = []
+        for name in MODEL_FLAVORS:
+            try:
+                candidate = get_model_args(name, **overrides)
+            except ValueError:
+                continue
+            if hf.expected_shapes(candidate) == shapes:
+                fits.append(name)
+        if len(fits) != 1:
+            found = f"flavors {', '.join(fits)} all fit" if fits else "no flavor fits"
+            raise ValueError(f"{found} the shapes in {ckpt}; pass --flavor (and --override)")
+        flavor = fits[0]
+    args = get_model_args(flavor, **overrides)
+    hf.check_keys(shapes, hf.expected_shapes(args), f"checkpoint {ckpt} (model.*)")
+    hf.check_shapes(shapes, args, f"checkpoint {ckpt} vs flavor {flavor}")
+    return flavor, args
+
+
+def parse_size(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?B?)\s*", text.upper())
+    if not m:
+        raise ValueError(f"--max-shard-size expects e.g. 5GB or 500MB, got '{text}'")
+    unit = {"": 1, "B": 1, "K": 1e3, "KB": 1e3, "M": 1e6, "MB": 1e6, "G": 1e9, "GB": 1e9}
+    return int(float(m.group(1)) * unit[m.group(2)])
+
+
+def plan_shards(names: list[str], nbytes: dict[str, int], max_bytes: int) -> list[list[str]]:
+    """Consecutive groups of at most max_bytes (a single larger tensor gets its own shard)."""
+    shards, current, size = [], [], 0
+    for name in names:
+        if current and size + nbytes[name] > max_bytes:
+            shards.append(current)
+            current, size = [], 0
+        current.append(name)
+        size += nbytes[name]
+    if current:
+        shards.append(current)
+    return shards
+
+
+def check_out_dir(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"output folder {out} already exists and is not empty; choose another")
+
+
+def publish(tmp: Path, out: Path) -> None:
+    """Rename the finished temporary folder to ``out`` (an empty ``out`` is replaced)."""
+    check_out_dir(out)
+    if out.exists():
+        out.rmdir()
+    tmp.rename(out)
+
+
+def load_from_dcp(ckpt: Path, names: list[str], tensors: dict) -> dict[str, torch.Tensor]:
+    import torch.distributed.checkpoint as dcp
+
+    state = {
+        "model": {n: torch.empty(tensors[n][0], dtype=tensors[n][1]) for n in names},
+    }
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, checkpoint_id=str(ckpt), no_dist=True)
+    return state["model"]
+
+
+def convert(
+    ckpt: Path,
+    out: Path,
+    flavor: str | None = None,
+    overrides: dict | None = None,
+    dtype: str = "bfloat16",
+    max_shard_bytes: int = 5 * 10**9,
+    bos_token_id: int | None = None,
+    eos_token_id: int | None = None,
+    max_position_embeddings: int | None = None,
+) -> tuple[str, ModelArgs]:
+    from safetensors.torch import save_file
+
+    check_out_dir(out)
+    tensors = checkpoint_tensors(ckpt)
+    flavor, args = resolve_args(tensors, flavor, overrides or {}, ckpt)
+    torch_dtype = DTYPES[dtype]
+    names = list(hf.expected_shapes(args))  # HF's usual order: embeddings, layers, norm, head
+    itemsize = torch.empty((), dtype=torch_dtype).element_size()
+    nbytes = {n: itemsize * torch.Size(tensors[n][0]).numel() for n in names}
+    shards = plan_shards(names, nbytes, max_shard_bytes)
+
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    umask = os.umask(0)
+    os.umask(umask)
+    weight_map = {}
+    for i, group in enumerate(shards, start=1):
+        fname = (
+            hf.SAFETENSORS_FILE
+            if len(shards) == 1
+            else f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        )
+        ours = load_from_dcp(ckpt, group, tensors)
+        converted = {}
+        for name in group:
+            hf_key, t = hf.to_hf_tensor(name, ours.pop(name), args)
+            converted[hf_key] = t.to(torch_dtype).contiguous()
+            weight_map[hf_key] = fname
+        save_file(converted, str(tmp / fname), metadata={"format": "pt"})
+        os.chmod(tmp / fname, 0o666 & ~umask)  # safetensors creates it private (0600)
+        print(f"wrote {fname} ({len(group)} tensors)")
+    if len(shards) > 1:
+        index = {"metadata": {"total_size": sum(nbytes.values())}, "weight_map": weight_map}
+        (tmp / hf.SAFETENSORS_INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+
+    config = hf.hf_config_dict(
+        args,
+        dtype=dtype,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+        max_position_embeddings=max_position_embeddings,
+    )
+    (tmp / hf.CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
+    (tmp / hf.GENERATION_CONFIG_FILE).write_text(json.dumps(generation, indent=2) + "\n")
+    publish(tmp, out)
+    return flavor, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--checkpoint", required=True, type=Path, help="DCP checkpoint folder")
+    p.add_argument("--step", type=int, help="read CHECKPOINT/step-N (default: the latest)")
+    p.add_argument("--flavor", help="model flavor (default: inferred from the stored shapes)")
+    p.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="replace a ModelArgs field of the flavor, e.g. n_layers=2 (repeatable)",
+    )
+    p.add_argument("--out", required=True, type=Path, help="HF folder to create")
+    p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
+    p.add_argument("--max-shard-size", default="5GB", help="largest safetensors file (5GB)")
+    p.add_argument(
+        "--tokenizer",
+        help="tokenizer.model whose BOS/EOS ids go into the config (default: "
+        "the Llama 3 layout, vocab_size - 256 and - 255)",
+    )
+    p.add_argument(
+        "--max-position-embeddings",
+        type=int,
+        help="config.json max_position_embeddings (default: max_seq_len, 131072 with RoPE scaling)",
+    )
+    a = p.parse_args(argv)
+    try:
+        ckpt = find_checkpoint(a.checkpoint, a.step)
+        overrides = dict(parse_override(o) for o in a.override)
+        bos = eos = None
+        if a.tokenizer:
+            from torchtitan.data.tokenizer import Tokenizer
+
+            tok = Tokenizer(a.tokenizer)
+            bos, eos = tok.bos_id, tok.eos_id
+        flavor, args = convert(
+            ckpt,
+            a.out,
+            a.flavor,
+            overrides,
+            a.dtype,
+            parse_size(a.max_shard_size),
+            bos,
+            eos,
+            a.max_position_embeddings,
+        )
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except ImportError as e:
+        print(f"error: {e}; install the hf extra: pip install -e '.[hf]'", file=sys.stderr)
+        return 1
+    print(f"exported {ckpt} (flavor {flavor}, {args.num_params():,} parameters) to {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
