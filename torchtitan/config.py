@@ -119,11 +119,55 @@ class Parallelism:
 
 @dataclass
 class Checkpoint:
+    enable: bool = opt(False, "save checkpoints to folder and resume from the latest one")
     folder: str = opt("checkpoint", "checkpoint folder, relative to job.dump_folder")
+    interval: int = opt(500, "with enable: save every N steps (and at the last step)")
+    async_mode: str = opt(
+        "disabled", "disabled, async (write in the background) or async_with_pinned_mem (CUDA)"
+    )
+    keep_latest_k: int = opt(0, "keep the K newest step folders, delete older (0 = keep all)")
+    load_step: int = opt(-1, "step to resume from; -1 = the latest complete one")
+    exclude_from_loading: list[str] = opt(
+        [], "states not restored on resume: optimizer, lr_scheduler, dataloader, train_state"
+    )
+    last_save_model_only: bool = opt(False, "at the last step save only the model weights")
+    export_dtype: str = opt(
+        "float32", "dtype of last_save_model_only weights: float32, bfloat16, float16"
+    )
     create_seed_checkpoint: bool = opt(
         False, "write the initial weights to folder/step-0 from one process, then exit"
     )
     initial_load_path: str = opt("", "DCP checkpoint whose model weights the run starts from")
+    initial_load_in_hf: bool = opt(
+        False, "initial_load_path is a Hugging Face Llama folder (safetensors + config.json)"
+    )
+    initial_load_model_only: bool = opt(
+        True, "load only the model weights from initial_load_path (else every state)"
+    )
+
+    def validate(self) -> None:
+        _check_choice(
+            "checkpoint.async_mode", self.async_mode, ("disabled", "async", "async_with_pinned_mem")
+        )
+        _check_choice(
+            "checkpoint.export_dtype", self.export_dtype, ("float32", "bfloat16", "float16")
+        )
+        _check(self.interval > 0, f"--checkpoint.interval must be positive; got {self.interval}")
+        _check(
+            self.keep_latest_k >= 0,
+            f"--checkpoint.keep_latest_k must be >= 0 (0 = keep all); got {self.keep_latest_k}",
+        )
+        _check(
+            self.load_step >= -1,
+            f"--checkpoint.load_step must be a step >= 0 or -1 (latest); got {self.load_step}",
+        )
+        _check(
+            self.load_step == -1 or self.enable,
+            "--checkpoint.load_step needs --checkpoint.enable",
+        )
+        excludable = ("optimizer", "lr_scheduler", "dataloader", "train_state")
+        for name in self.exclude_from_loading:
+            _check_choice("checkpoint.exclude_from_loading", name, excludable)
 
 
 @dataclass
@@ -146,12 +190,64 @@ class Metrics:
 
 @dataclass
 class Profiling:
-    """torch.profiler options; filled in by the observability work."""
+    enable_profiling: bool = opt(False, "write torch.profiler traces every profile_freq steps")
+    save_traces_folder: str = opt(
+        "profile_traces", "profiler traces folder (iteration_N/rankR_trace.json), under dump_folder"
+    )
+    profile_freq: int = opt(100, "profile one window every N steps")
+    profiler_warmup: int = opt(3, "steps the profiler warms up before each recorded window")
+    profiler_active: int = opt(1, "steps recorded per window")
+    enable_memory_snapshot: bool = opt(
+        False, "record CUDA allocator history; dump a snapshot every profile_freq steps and on OOM"
+    )
+    save_memory_snapshot_folder: str = opt(
+        "memory_snapshot", "memory snapshots folder (iteration_N/rankR_memory_snapshot.pickle)"
+    )
+
+    def validate(self) -> None:
+        if not (self.enable_profiling or self.enable_memory_snapshot):
+            return
+        _check(
+            self.profile_freq > 0,
+            f"--profiling.profile_freq must be positive; got {self.profile_freq}",
+        )
+        if not self.enable_profiling:
+            return
+        _check(
+            self.profiler_active > 0 and self.profiler_warmup >= 0,
+            "--profiling.profiler_active must be >= 1 and --profiling.profiler_warmup >= 0; got "
+            f"{self.profiler_active} and {self.profiler_warmup}",
+        )
+        _check(
+            self.profiler_warmup + self.profiler_active <= self.profile_freq,
+            f"--profiling.profiler_warmup + profiler_active ({self.profiler_warmup} + "
+            f"{self.profiler_active}) must fit in --profiling.profile_freq ({self.profile_freq})",
+        )
 
 
 @dataclass
 class Comm:
-    init_timeout_seconds: int = opt(300, "collective timeout of the process group, in seconds")
+    init_timeout_seconds: int = opt(
+        300, "collective timeout in seconds until the first step is done (compile, warm-up)"
+    )
+    train_timeout_seconds: int = opt(
+        100, "collective timeout in seconds after the first step; a hang ends after this long"
+    )
+    trace_buf_size: int = opt(
+        20000, "Flight Recorder entries kept per rank (last N collectives); 0 disables it"
+    )
+    flight_recorder_folder: str = opt(
+        "comm_traces", "Flight Recorder dumps (rank_R) on a timeout or failure, under dump_folder"
+    )
+
+    def validate(self) -> None:
+        for key in ("init_timeout_seconds", "train_timeout_seconds"):
+            value = getattr(self, key)
+            _check(value > 0, f"--comm.{key} must be positive; got {value}")
+        _check(
+            self.trace_buf_size >= 0,
+            f"--comm.trace_buf_size must be >= 0 (0 disables); got {self.trace_buf_size}",
+        )
 
 
 @dataclass
@@ -410,6 +506,9 @@ def validate(cfg: JobConfig) -> None:
         "--activation_checkpoint.selective_ac_option must be 'op' or a positive integer N; "
         f"got {ac.selective_ac_option!r}",
     )
+    cfg.checkpoint.validate()
+    cfg.comm.validate()
+    cfg.profiling.validate()
 
 
 def _positive_int(text: str) -> bool:

@@ -41,6 +41,7 @@ class StepStats:
     lr: float
     tokens: int  # tokens this device processed in the step
     data_seconds: float  # time spent waiting for batches
+    data_windows: int = 0  # samples the global data stream has handed out so far (all ranks)
 
 
 @dataclass
@@ -110,6 +111,7 @@ class MetricsLogger:
             "tflops": tflops,
             "data_loading_pct": 100.0 * self._data_seconds / elapsed,
             "step_seconds": elapsed / self._steps_in_window,
+            "data_windows": stats.data_windows,
         }
         if self.peak:
             m["mfu_pct"] = 100.0 * tflops * 1e12 / self.peak

@@ -19,6 +19,7 @@ from torchtitan.config import ConfigError, JobConfig, parse_args
 from torchtitan.data.text import DataError, resolve_source
 from torchtitan.data.tokenizer import Tokenizer, TokenizerError
 from torchtitan.models.llama3 import ModelArgs, get_model_args
+from torchtitan.models.llama3.hf import inspect_hf_checkpoint
 from torchtitan.parallel.dims import ParallelDims
 from torchtitan.parallel.pipeline import (
     SCHEDULES,
@@ -101,7 +102,7 @@ def check_pipeline(cfg: JobConfig, model_args: ModelArgs, dims: ParallelDims) ->
         raise ConfigError(str(e)) from None
 
 
-def check_checkpoint(cfg: JobConfig, world_size: int) -> None:
+def check_checkpoint(cfg: JobConfig, model_args: ModelArgs, world_size: int) -> None:
     c = cfg.checkpoint
     if c.create_seed_checkpoint:
         if world_size != 1:
@@ -111,7 +112,16 @@ def check_checkpoint(cfg: JobConfig, world_size: int) -> None:
             raise ConfigError(
                 f"seed checkpoint {seed} already exists; remove it or change the folder"
             )
-    if c.initial_load_path:
+    if c.initial_load_in_hf and not c.initial_load_path:
+        raise ConfigError("--checkpoint.initial_load_in_hf needs --checkpoint.initial_load_path")
+    if c.initial_load_path and c.initial_load_in_hf:
+        try:
+            inspect_hf_checkpoint(c.initial_load_path, model_args)
+        except ValueError as e:
+            raise ConfigError(
+                f"--checkpoint.initial_load_path {c.initial_load_path}: {e}"
+            ) from None
+    elif c.initial_load_path:
         check_loadable(c.initial_load_path)
 
 
@@ -137,7 +147,7 @@ def check_job(cfg: JobConfig, world_size: int) -> CheckedJob:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     dims = check_parallelism(cfg, model_args, world_size)
-    check_checkpoint(cfg, world_size)
+    check_checkpoint(cfg, model_args, world_size)
     accum_steps = gradient_accumulation_steps(cfg, dp_degree=dims.dp_degree)
     resolve_source(cfg.training.dataset, text_field=cfg.training.text_field)
     tokenizer = Tokenizer(cfg.model.tokenizer_path)

@@ -15,12 +15,14 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
-from torchtitan.checkpoint import load_model_weights, save_seed_checkpoint
+from torchtitan.checkpoint import CheckpointManager, TrainState, save_seed_checkpoint
 from torchtitan.config import JobConfig, parse_args
 from torchtitan.data.loader import build_dataloader
 from torchtitan.loss import cross_entropy_sum, loss_context
 from torchtitan.metrics import MetricsLogger, StepStats
 from torchtitan.models.llama3 import Transformer
+from torchtitan.models.llama3.hf import load_hf_weights
+from torchtitan.observability.fault_injection import maybe_inject
 from torchtitan.optim import build_lr_scheduler, build_optimizer, clip_grad_norm
 from torchtitan.parallel.activation_checkpoint import apply_ac
 from torchtitan.parallel.compile import apply_compile, use_per_rank_compile_cache
@@ -67,7 +69,8 @@ class Trainer:
         checked = check_job(cfg, self.world_size)
         self.tokenizer, self.model_args = checked.tokenizer, checked.model_args
         self.dims, self.accum_steps = checked.dims, checked.accum_steps
-        self.run_id = datetime.now().strftime("%Y%m%d-%H%M%S")
+        # Unique per launch (a quick restart must not append to the previous run's files).
+        self.run_id = f"{datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}"
         self.dump_folder = Path(cfg.job.dump_folder)
         self._init_runtime()
         self._save_effective_config()
@@ -92,6 +95,19 @@ class Trainer:
         self.lr_schedulers = [
             build_lr_scheduler(opt, cfg.training.steps, cfg.lr_scheduler) for opt in self.optimizers
         ]
+        self.train_state = TrainState()
+        self.checkpointer = CheckpointManager(
+            cfg.checkpoint,
+            cfg.job.dump_folder,
+            model_parts=self.model_parts,
+            optimizers=self.optimizers,
+            lr_schedulers=self.lr_schedulers,
+            dataloader=self.dataloader,
+            train_state=self.train_state,
+        )
+        self.step = self.checkpointer.load()
+        if cfg.checkpoint.initial_load_in_hf and not self.checkpointer.resumed:
+            load_hf_weights(self.model_parts, cfg.checkpoint.initial_load_path, self.model_args)
         self.metrics = MetricsLogger(
             device=self.device,
             flops_per_token=self.model_args.flops_per_token(cfg.training.seq_len),
@@ -102,7 +118,6 @@ class Trainer:
             enable_tensorboard=cfg.metrics.enable_tensorboard,
             enabled=self.rank == 0,
         )
-        self.step = 0
 
     # ----------------------------------------------------------------------- building
 
@@ -159,8 +174,6 @@ class Trainer:
         for part in parts:
             part.to_empty(device=self.device)
             part.init_weights()
-            if cfg.checkpoint.initial_load_path:
-                load_model_weights(part, cfg.checkpoint.initial_load_path)
         logger.info(
             "built %s %s: %s parameters, %.2f GFLOPs/token at seq_len %d, %s%s, on %s in %.1fs",
             cfg.model.name,
@@ -319,6 +332,7 @@ class Trainer:
             # A data-parallel group's tokens are processed by its tp x cp x pp devices together.
             tokens=self._tokens_per_step // self.dims.model_parallel_size,
             data_seconds=data_seconds,
+            data_windows=self.dataloader.dataset.state_dict()["windows"],
         )
 
     def train(self) -> list[float]:
@@ -332,15 +346,23 @@ class Trainer:
             self.accum_steps,
         )
         losses = []
+        # After checkpointer.load(): the loader applies a loaded state to the next iterator.
         data_iter = iter(self.dataloader)
         while self.step < t.steps:
             self.step += 1
             if self.step % t.gc_freq == 0:
                 gc.collect(1)
+            maybe_inject("crash", self.step, self.rank)
+            maybe_inject("kill", self.step, self.rank)
             stats = self.train_step(data_iter)
             losses.append(stats.loss)
             self.metrics.record(stats)
-        logger.info("training done: %d steps, final loss %.4f", self.step, losses[-1])
+            self.train_state.step = self.step
+            self.train_state.tokens_seen += self._tokens_per_step * self.dims.dp_degree
+            self.checkpointer.save(self.step, last_step=self.step == t.steps)
+        self.checkpointer.close()
+        if losses:
+            logger.info("training done: %d steps, final loss %.4f", self.step, losses[-1])
         return losses
 
     def close(self) -> None:

@@ -1,0 +1,31 @@
+"""DCP checkpoints across layouts: saved under FSDP4, resumed under FSDP2 x TP2 (4 gloo ranks).
+
+One launch runs tests/distributed/checkpoint_worker.py, which asserts on every rank that the
+full model and optimizer states, the lr, the train state and the next global batch survive the
+resharding, and that a truncated shard makes all ranks fall back to the previous step together.
+"""
+
+import sys
+
+from tests.distributed.launch import ROOT, start, wait_all
+
+WORKER = ROOT / "tests" / "distributed" / "checkpoint_worker.py"
+
+
+def test_fsdp4_checkpoint_resumes_under_fsdp2_tp2(tmp_path):
+    log = tmp_path / "worker.log"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=4",
+        str(WORKER),
+        str(tmp_path / "dump"),
+    ]
+    proc = start(cmd, log, env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    wait_all([proc], [log], timeout=240)
+    out = log.read_text()
+    assert "CHECKPOINT-DIST OK" in out, out[-3000:]
+    assert "checkpoint step-2 could not be loaded" in out, out[-3000:]
+    assert "falling back to step-1" in out, out[-3000:]

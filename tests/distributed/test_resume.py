@@ -1,0 +1,122 @@
+"""Resume under a different parallel layout: model, optimizer and the data stream reshard.
+
+One uninterrupted FSDP4 run saves step 5 (and 10). Copies of its step-5 checkpoint are resumed
+under FSDP2xTP2, PP2xFSDP2 and FSDP2 (a data-parallel degree change, same global batch). Steps
+6-10 must reproduce the uninterrupted losses within the parity tolerance, and the global data
+stream must have handed out exactly 8 samples per step: none skipped, none repeated.
+"""
+
+import shutil
+
+import pytest
+
+from tests.distributed.launch import TINY_JOB, read_metrics, torchrun
+from tests.distributed.test_parity import RTOL
+
+JOB = [
+    *[a for a in TINY_JOB if not a.startswith("--training.steps")],
+    "--training.steps=10",
+    "--checkpoint.enable",
+    "--checkpoint.interval=5",
+]
+
+RESUME_LAYOUTS = {
+    "fsdp2_tp2": (4, ["--training.local_batch_size=4", "--parallelism.tensor_parallel_degree=2"]),
+    "pp2_fsdp2": (
+        4,
+        [
+            "--training.local_batch_size=4",
+            "--parallelism.pipeline_parallel_degree=2",
+            "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+        ],
+    ),
+    "fsdp2": (2, ["--training.local_batch_size=4"]),
+}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(seed_checkpoint, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fsdp4")
+    torchrun(
+        4,
+        [
+            *JOB,
+            "--training.local_batch_size=2",
+            f"--checkpoint.initial_load_path={seed_checkpoint}",
+            f"--job.dump_folder={folder}",
+        ],
+    )
+    return folder
+
+
+@pytest.mark.parametrize("layout", list(RESUME_LAYOUTS))
+def test_resume_under_another_layout(layout, uninterrupted, tmp_path):
+    shutil.copytree(uninterrupted / "checkpoint" / "step-5", tmp_path / "checkpoint" / "step-5")
+    nproc, overrides = RESUME_LAYOUTS[layout]
+    out = torchrun(nproc, [*JOB, *overrides, f"--job.dump_folder={tmp_path}"])
+    assert "continuing after step 5" in out
+
+    reference = {r["step"]: r for r in read_metrics(uninterrupted)}
+    resumed = read_metrics(tmp_path)
+    assert [r["step"] for r in resumed] == [6, 7, 8, 9, 10]
+    for row in resumed:
+        ref = reference[row["step"]]
+        assert row["loss"] == pytest.approx(ref["loss"], rel=RTOL), (row, ref)
+        assert row["grad_norm"] == pytest.approx(ref["grad_norm"], rel=RTOL), (row, ref)
+        assert row["data_windows"] == ref["data_windows"] == 8 * row["step"]
+
+
+def train_single_process(folder, env=None, check=True):
+    import os
+    import subprocess
+    import sys
+
+    from tests.distributed.launch import ROOT
+
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchtitan.train",
+            *JOB,
+            "--training.local_batch_size=8",
+            f"--job.dump_folder={folder}",
+        ],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=check,
+    )
+
+
+def test_killed_run_resumes_bitwise(tmp_path):
+    """10 steps straight == 5 steps, SIGKILL during step 7, resume from step 5, to 10 (fp32 CPU)."""
+    train_single_process(tmp_path / "straight")
+    killed = train_single_process(
+        tmp_path / "killed", env={"TORCHTITAN_FAULT": "kill:step=7"}, check=False
+    )
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert (tmp_path / "killed" / "checkpoint" / "step-5").is_dir()
+    assert not (tmp_path / "killed" / "checkpoint" / "step-10").exists()
+    resumed = train_single_process(tmp_path / "killed")
+    assert "continuing after step 5" in resumed.stderr
+
+    straight = {r["step"]: r for r in read_metrics_all(tmp_path / "straight")}
+    after = [r for r in read_metrics_all(tmp_path / "killed") if r["step"] > 5]
+    after = {r["step"]: r for r in after[-5:]}  # the resumed run's steps 6-10
+    assert sorted(after) == [6, 7, 8, 9, 10]
+    for step in range(6, 11):
+        assert after[step]["loss"] == straight[step]["loss"]  # bitwise
+        assert after[step]["grad_norm"] == straight[step]["grad_norm"]
+        assert after[step]["data_windows"] == straight[step]["data_windows"] == 8 * step
+
+
+def read_metrics_all(folder):
+    import json
+
+    rows = []
+    for path in sorted((folder / "metrics").glob("*.jsonl"), key=lambda p: p.stat().st_mtime):
+        rows += [json.loads(line) for line in path.read_text().splitlines()]
+    return rows
