@@ -455,11 +455,13 @@ class CheckpointManager:
 
     # ----------------------------------------------------------------------- saving
 
-    def should_save(self, step: int, last_step: bool = False) -> bool:
-        """Due every ``interval`` steps and at the last step; never at step 0 (the seed's)."""
-        return self.cfg.enable and step > 0 and (last_step or step % self.cfg.interval == 0)
+    def should_save(self, step: int, last_step: bool = False, force: bool = False) -> bool:
+        """Due every ``interval`` steps, at the last step and when forced (e.g. on SIGTERM);
+        never at step 0 (the seed's)."""
+        due = last_step or force or step % self.cfg.interval == 0
+        return self.cfg.enable and step > 0 and due
 
-    def save(self, step: int, last_step: bool = False) -> bool:
+    def save(self, step: int, last_step: bool = False, force: bool = False) -> bool:
         """Save ``step`` if it is due (every ``interval`` steps, and the last); True if it was.
 
         Synchronous unless async_mode is on (the last step is always synchronous): then it
@@ -467,7 +469,7 @@ class CheckpointManager:
         the next ``save`` or ``close`` finishes it (waits, then renames ``.tmp`` to the final
         name). Call it on every rank.
         """
-        if not self.should_save(step, last_step):
+        if not self.should_save(step, last_step, force):
             return False
         start = time.perf_counter()
         self._finish_pending()
@@ -482,7 +484,7 @@ class CheckpointManager:
         final = self.folder / f"step-{step}"
         tmp = final.with_name(final.name + ".tmp")
         self._on_rank0(lambda: self._prepare(tmp))
-        if self.async_mode != "disabled" and not last_step:
+        if self.async_mode != "disabled" and not last_step and not force:
             self._start_async(step, state, tmp, final, start)
             return True
         error = None

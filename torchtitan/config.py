@@ -82,6 +82,7 @@ class Training:
     seed: int = opt(0, "random seed for weights and anything else random")
     deterministic: bool = opt(False, "use deterministic algorithms (slower)")
     gc_freq: int = opt(50, "run Python's garbage collector every N steps (it is off otherwise)")
+    on_nonfinite: str = opt("stop", "on a NaN/Inf loss or grad norm: stop (one-line error) or skip")
 
 
 @dataclass
@@ -471,6 +472,7 @@ def validate(cfg: JobConfig) -> None:
     )
     _check(t.steps > 0, f"--training.steps must be positive; got {t.steps}")
     _check(t.gc_freq > 0, f"--training.gc_freq must be positive; got {t.gc_freq}")
+    _check_choice("training.on_nonfinite", t.on_nonfinite, ("stop", "skip"))
     _check_choice(
         "training.mixed_precision_param", t.mixed_precision_param, ("bfloat16", "float32")
     )

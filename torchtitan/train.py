@@ -5,7 +5,9 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -22,7 +24,10 @@ from torchtitan.loss import cross_entropy_sum, loss_context
 from torchtitan.metrics import MetricsLogger, StepStats
 from torchtitan.models.llama3 import Transformer
 from torchtitan.models.llama3.hf import load_hf_weights
+from torchtitan.observability import flight_recorder
 from torchtitan.observability.fault_injection import maybe_inject
+from torchtitan.observability.numerics import NonFiniteError, check_finite
+from torchtitan.observability.profiling import maybe_profile
 from torchtitan.optim import build_lr_scheduler, build_optimizer, clip_grad_norm
 from torchtitan.parallel.activation_checkpoint import apply_ac
 from torchtitan.parallel.compile import apply_compile, use_per_rank_compile_cache
@@ -126,11 +131,14 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         if "WORLD_SIZE" in os.environ and not dist.is_initialized():
+            flight_recorder.configure_env(self.cfg.comm, self.cfg.job.dump_folder)
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             timeout = timedelta(seconds=self.cfg.comm.init_timeout_seconds)
             dist.init_process_group(backend, timeout=timeout)
         if dist.is_initialized():
             self.dims.build_mesh(self.device.type)
+            # Mesh sub-groups get the backend's default timeout, not init_process_group's.
+            flight_recorder.set_timeout(self.cfg.comm.init_timeout_seconds)
             if self.cfg.compile.enable:
                 use_per_rank_compile_cache(self.rank)
         torch.manual_seed(t.seed)
@@ -282,6 +290,8 @@ class Trainer:
                 logits = self.model(inputs)
             with loss_context(self._vocab_sharded_logits):
                 micro_loss = self.loss_fn(logits, labels) / tokens
+                if maybe_inject("nan_loss", self.step, self.rank):
+                    micro_loss = micro_loss * float("nan")
                 micro_loss.backward()
             loss += _local(micro_loss.detach())
         if self.schedule is not None:
@@ -310,24 +320,37 @@ class Trainer:
         if dist.is_initialized() and self.dims.loss_mesh.size() > 1:
             mesh = self.dims.loss_mesh
             local = local.clone()
-            dist.all_reduce(local, group=mesh.get_group())
+            if not maybe_inject("skip_collective", self.step, self.rank):
+                dist.all_reduce(local, group=mesh.get_group())
             local /= mesh.size()
         return local
 
     def train_step(self, data_iter) -> StepStats:
+        maybe_inject("delay", self.step, self.rank)
         loss, data_seconds = self.forward_backward(data_iter)
         params = [p for part in self.model_parts for p in part.parameters()]
         pp_group = self.dims.mesh("pp").get_group() if self.dims.pp > 1 else None
         grad_norm = clip_grad_norm(params, self.cfg.training.max_norm, pp_group)
         lr = self.lr_schedulers[0].get_last_lr()[0]
+        # Both values are global (data-parallel mean loss, global norm): every rank decides alike.
+        loss_value, norm_value = loss.item(), grad_norm.item()
+        skip = check_finite(loss_value, norm_value, self.step, self.cfg.training.on_nonfinite)
+        if skip == "skip":
+            logger.warning(
+                "step %d skipped: non-finite loss %g or grad norm %g",
+                self.step,
+                loss_value,
+                norm_value,
+            )
         for optimizer, lr_scheduler in zip(self.optimizers, self.lr_schedulers):
-            optimizer.step()
+            if skip != "skip":
+                optimizer.step()
             lr_scheduler.step()
             optimizer.zero_grad(set_to_none=True)
         return StepStats(
             step=self.step,
-            loss=loss.item(),
-            grad_norm=grad_norm.item(),
+            loss=loss_value,
+            grad_norm=norm_value,
             lr=lr,
             # A data-parallel group's tokens are processed by its tp x cp x pp devices together.
             tokens=self._tokens_per_step // self.dims.model_parallel_size,
@@ -348,22 +371,44 @@ class Trainer:
         losses = []
         # After checkpointer.load(): the loader applies a loaded state to the next iterator.
         data_iter = iter(self.dataloader)
-        while self.step < t.steps:
-            self.step += 1
-            if self.step % t.gc_freq == 0:
-                gc.collect(1)
-            maybe_inject("crash", self.step, self.rank)
-            maybe_inject("kill", self.step, self.rank)
-            stats = self.train_step(data_iter)
-            losses.append(stats.loss)
-            self.metrics.record(stats)
-            self.train_state.step = self.step
-            self.train_state.tokens_seen += self._tokens_per_step * self.dims.dp_degree
-            self.checkpointer.save(self.step, last_step=self.step == t.steps)
+        traces = flight_recorder.trace_folder(self.cfg.comm, self.cfg.job.dump_folder)
+        record = dist.is_initialized() and self.cfg.comm.trace_buf_size > 0
+        with (
+            flight_recorder.dump_on_failure(traces, enabled=record, handle_sigterm=False),
+            maybe_profile(self.cfg.profiling, self.dump_folder, self.rank, self.step) as profiler,
+            PreemptionGuard(self.cfg.comm.init_timeout_seconds) as preemption,
+        ):
+            first_step = True
+            while self.step < t.steps:
+                self.step += 1
+                if self.step % t.gc_freq == 0:
+                    gc.collect(1)
+                maybe_inject("crash", self.step, self.rank)
+                maybe_inject("kill", self.step, self.rank)
+                stats = self.train_step(data_iter)
+                profiler.step()
+                losses.append(stats.loss)
+                self.metrics.record(stats)
+                self.train_state.step = self.step
+                self.train_state.tokens_seen += self._tokens_per_step * self.dims.dp_degree
+                saved = self.checkpointer.save(self.step, last_step=self.step == t.steps)
+                if first_step and dist.is_initialized():
+                    flight_recorder.set_train_timeout(self.cfg.comm.train_timeout_seconds)
+                    first_step = False
+                if preemption.requested():
+                    self._stop_for_preemption(saved)
         self.checkpointer.close()
         if losses:
             logger.info("training done: %d steps, final loss %.4f", self.step, losses[-1])
         return losses
+
+    def _stop_for_preemption(self, saved: bool) -> None:
+        if not saved:
+            saved = self.checkpointer.save(self.step, force=True)
+        self.checkpointer.close()
+        where = f"checkpoint step-{self.step} saved" if saved else "checkpointing is off"
+        logger.warning("SIGTERM: stopping after step %d (%s)", self.step, where)
+        raise Preempted(self.step)
 
     def close(self) -> None:
         if hasattr(self, "metrics"):
@@ -371,6 +416,75 @@ class Trainer:
         if dist.is_initialized():
             dist.destroy_process_group()
         gc.enable()
+
+
+class Preempted(SystemExit):
+    """SIGTERM was handled: progress is saved (step >= 1), or the step could not finish because
+    another rank is gone (step -1); the process exits with 143."""
+
+    def __init__(self, step: int):
+        super().__init__(143)
+        self.step = step
+
+
+class PreemptionGuard:
+    """Turns SIGTERM into a flag the loop checks after each step; all ranks agree on it.
+
+    torchrun also sends SIGTERM when another rank failed; then the step never finishes (or the
+    vote never completes), so GRACE_SECONDS after the signal the main thread gets SIGUSR1, which
+    raises ``Preempted`` there (a real signal also wakes a sleeping or waiting main thread): the
+    Flight Recorder dumps and the process exits before torchrun's SIGKILL, 30 s after its SIGTERM.
+    """
+
+    GRACE_SECONDS = 20
+
+    def __init__(self, timeout_seconds: int):
+        self.timeout = timedelta(seconds=timeout_seconds)
+        self._watchdog: threading.Timer | None = None
+
+    def __enter__(self):
+        self._flag = False
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._previous_usr1 = signal.signal(signal.SIGUSR1, self._on_sigusr1)
+        # Its own CPU group: the per-step vote must not queue behind NCCL work.
+        self._group = (
+            dist.new_group(backend="gloo", timeout=self.timeout) if dist.is_initialized() else None
+        )
+        return self
+
+    def _on_sigterm(self, signum, frame):
+        self._flag = True
+        if self._watchdog is None:
+            self._watchdog = threading.Timer(self.GRACE_SECONDS, self._interrupt_main)
+            self._watchdog.daemon = True
+            self._watchdog.start()
+
+    @staticmethod
+    def _interrupt_main() -> None:
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+
+    @staticmethod
+    def _on_sigusr1(signum, frame):
+        raise Preempted(-1)
+
+    def requested(self) -> bool:
+        if not dist.is_initialized():
+            return self._flag
+        flag = torch.tensor([float(self._flag)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+        if flag.item() and self._watchdog is not None:
+            self._watchdog.cancel()  # every rank is alive and agreed: take the time to save
+        return bool(flag.item())
+
+    def __exit__(self, *exc):
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            signal.signal(signal.SIGUSR1, self._previous_usr1)
+        return False
 
 
 def _local(loss: torch.Tensor) -> torch.Tensor:
@@ -388,6 +502,9 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as e:
         logger.error("error: %s", e)
         return 2
+    except NonFiniteError as e:
+        logger.error("error: %s", e)
+        return 3
     except KeyboardInterrupt:
         logger.warning("interrupted at step %s", trainer.step if trainer else 0)
         return 130
