@@ -82,6 +82,9 @@ class Trainer:
         if cfg.checkpoint.create_seed_checkpoint:
             self._write_seed_checkpoint()
             return
+        self.loss_fn = cross_entropy_sum
+        if cfg.compile.enable and cfg.compile.loss:
+            self.loss_fn = torch.compile(cross_entropy_sum)
         self.model_parts, self.schedule, self.stage_plan = self._build_model()
         self.dataloader = build_dataloader(
             cfg.training.dataset,
@@ -169,9 +172,6 @@ class Trainer:
         """-> (model parts on this rank, pipeline schedule or None, stage plan or None)."""
         start = time.perf_counter()
         args, cfg = self.model_args, self.cfg
-        self.loss_fn = cross_entropy_sum
-        if cfg.compile.enable and cfg.compile.loss:
-            self.loss_fn = torch.compile(cross_entropy_sum)
         with torch.device("meta"):
             model = Transformer(args)
         schedule, plan = None, None

@@ -63,6 +63,11 @@ LAYOUTS = {
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_layout_matches_single_process(layout, seed_checkpoint, reference_curves, tmp_path):
     nproc, overrides = LAYOUTS[layout]
+    assert_layout_matches(nproc, overrides, seed_checkpoint, reference_curves, tmp_path)
+
+
+def assert_layout_matches(nproc, overrides, seed_checkpoint, reference_curves, tmp_path):
+    """Train TINY_JOB from the seed under ``overrides``; loss and grad norm match the reference."""
     torchrun(
         nproc,
         [

@@ -7,8 +7,7 @@ the global one: squared norms summed over the pipeline ranks).
 
 import pytest
 
-from tests.distributed.launch import TINY_JOB, curves, torchrun
-from tests.distributed.test_parity import RTOL
+from tests.distributed.test_parity import assert_layout_matches
 
 MB1 = ["--parallelism.pipeline_parallel_microbatch_size=1", "--training.local_batch_size=8"]
 
@@ -67,17 +66,4 @@ def test_pipeline_matches_single_process(layout, seed_checkpoint, reference_curv
     if layout == "pp2_csv":
         csv = looped_bfs_csv(tmp_path / "schedule.csv")
         overrides = [*overrides, f"--parallelism.pipeline_parallel_schedule_csv={csv}"]
-    torchrun(
-        nproc,
-        [
-            *TINY_JOB,
-            *overrides,
-            f"--checkpoint.initial_load_path={seed_checkpoint}",
-            f"--job.dump_folder={tmp_path}",
-        ],
-    )
-    loss, grad_norm = curves(tmp_path)
-    ref_loss, ref_grad_norm = reference_curves
-    assert len(loss) == len(ref_loss) == 6
-    assert loss == pytest.approx(ref_loss, rel=RTOL), (loss, ref_loss)
-    assert grad_norm == pytest.approx(ref_grad_norm, rel=RTOL), (grad_norm, ref_grad_norm)
+    assert_layout_matches(nproc, overrides, seed_checkpoint, reference_curves, tmp_path)
