@@ -91,6 +91,9 @@ class Parallelism:
     data_parallel_shard_degree: int = opt(-1, "FSDP shard degree; -1 = whatever is left")
     tensor_parallel_degree: int = opt(1, "tensor + sequence parallel degree")
     context_parallel_degree: int = opt(1, "context parallel degree")
+    context_parallel_rotate_method: str = opt(
+        "allgather", "how ring attention exchanges K/V shards: allgather or alltoall"
+    )
     pipeline_parallel_degree: int = opt(1, "pipeline parallel degree")
     pipeline_parallel_schedule: str = opt(
         "1F1B",
@@ -494,6 +497,11 @@ def validate(cfg: JobConfig) -> None:
         cfg.metrics.log_freq > 0, f"--metrics.log_freq must be positive; got {cfg.metrics.log_freq}"
     )
     _check_choice("model.name", cfg.model.name, ("llama3",))
+    _check_choice(
+        "parallelism.context_parallel_rotate_method",
+        cfg.parallelism.context_parallel_rotate_method,
+        ("allgather", "alltoall"),
+    )
     _check_choice(
         "parallelism.fsdp_reshard_after_forward",
         cfg.parallelism.fsdp_reshard_after_forward,

@@ -20,6 +20,7 @@ from torchtitan.data.text import DataError, resolve_source
 from torchtitan.data.tokenizer import Tokenizer, TokenizerError
 from torchtitan.models.llama3 import ModelArgs, get_model_args
 from torchtitan.models.llama3.hf import inspect_hf_checkpoint
+from torchtitan.parallel.context_parallel import check_cp
 from torchtitan.parallel.dims import ParallelDims
 from torchtitan.parallel.pipeline import (
     SCHEDULES,
@@ -43,10 +44,10 @@ class CheckedJob:
 
 def check_parallelism(cfg: JobConfig, model_args: ModelArgs, world_size: int) -> ParallelDims:
     dims = ParallelDims.from_config(cfg.parallelism, world_size)
-    if cfg.parallelism.context_parallel_degree != 1:
-        raise ConfigError(
-            "--parallelism.context_parallel_degree > 1 is not supported yet; set it to 1"
-        )
+    if dims.cp > 1:
+        reason = check_cp(cfg.training.seq_len, dims.cp)
+        if reason:
+            raise ConfigError(f"{reason}; change --training.seq_len or the context parallel degree")
     if dims.pp > 1:
         check_pipeline(cfg, model_args, dims)
     if dims.tp > 1:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -31,6 +32,7 @@ from torchtitan.observability.profiling import maybe_profile
 from torchtitan.optim import build_lr_scheduler, build_optimizer, clip_grad_norm
 from torchtitan.parallel.activation_checkpoint import apply_ac
 from torchtitan.parallel.compile import apply_compile, use_per_rank_compile_cache
+from torchtitan.parallel.context_parallel import cp_context
 from torchtitan.parallel.parallelize import parallelize_llama
 from torchtitan.parallel.pipeline import (
     StagePlan,
@@ -137,7 +139,7 @@ class Trainer:
             flight_recorder.configure_env(self.cfg.comm, self.cfg.job.dump_folder)
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             timeout = timedelta(seconds=self.cfg.comm.init_timeout_seconds)
-            dist.init_process_group(backend, timeout=timeout)
+            dist.init_process_group(backend, timeout=timeout, **_restart_safe_store(timeout))
         if dist.is_initialized():
             self.dims.build_mesh(self.device.type)
             # Mesh sub-groups get the backend's default timeout, not init_process_group's.
@@ -240,7 +242,7 @@ class Trainer:
     def _pipeline_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """A microbatch's summed loss over the step's tokens: the microbatch losses then add up
         to the step's mean loss, as in the non-pipelined path."""
-        return self.loss_fn(logits, labels) / self._tokens_per_step
+        return self.loss_fn(logits, labels) / self._loss_tokens
 
     @property
     def model(self) -> nn.Module:
@@ -250,8 +252,27 @@ class Trainer:
 
     @property
     def _tokens_per_step(self) -> int:
+        """Tokens one data-parallel rank trains on per optimizer step."""
         t = self.cfg.training
         return self.accum_steps * t.local_batch_size * t.seq_len
+
+    @property
+    def _loss_tokens(self) -> int:
+        """Tokens this rank's summed loss covers: a context-parallel rank sees 1/cp of each
+        sequence. Dividing by it, FSDP's gradient average over dp x cp gives the global mean."""
+        return self._tokens_per_step // self.dims.cp
+
+    def _cp_context(self, inputs: torch.Tensor, labels: torch.Tensor):
+        """Shard inputs, labels and the RoPE caches on the sequence dim (ring attention)."""
+        if self.dims.cp == 1:
+            return contextlib.nullcontext()
+        caches = [part.rope_cache for part in self.model_parts]
+        return cp_context(
+            self.dims.mesh("cp"),
+            [inputs, labels, *caches],
+            [1, 1, *[0] * len(caches)],
+            rotate_method=self.cfg.parallelism.context_parallel_rotate_method,
+        )
 
     @property
     def _vocab_sharded_logits(self) -> bool:
@@ -275,7 +296,7 @@ class Trainer:
         gradients equal those of one large batch; data-parallel averaging of gradients then
         makes them those of the global batch.
         """
-        tokens = self._tokens_per_step
+        tokens = self._loss_tokens
         loss = torch.zeros((), device=self.device)
         data_seconds = 0.0
         for _ in range(self.accum_steps):
@@ -284,15 +305,17 @@ class Trainer:
             data_seconds += time.perf_counter() - start
             inputs, labels = inputs.to(self.device), labels.to(self.device)
             if self.schedule is not None:
-                loss += self._pipeline_step(inputs, labels)
+                with self._cp_context(inputs, labels):
+                    loss += self._pipeline_step(inputs, labels)
                 continue
-            with self._autocast():
-                logits = self.model(inputs)
-            with loss_context(self._vocab_sharded_logits):
-                micro_loss = self.loss_fn(logits, labels) / tokens
-                if maybe_inject("nan_loss", self.step, self.rank):
-                    micro_loss = micro_loss * float("nan")
-                micro_loss.backward()
+            with self._cp_context(inputs, labels):
+                with self._autocast():
+                    logits = self.model(inputs)
+                with loss_context(self._vocab_sharded_logits):
+                    micro_loss = self.loss_fn(logits, labels) / tokens
+                    if maybe_inject("nan_loss", self.step, self.rank):
+                        micro_loss = micro_loss * float("nan")
+                    micro_loss.backward()
             loss += _local(micro_loss.detach())
         if self.schedule is not None:
             loss = self._from_last_stage(loss)
@@ -485,6 +508,32 @@ class PreemptionGuard:
             signal.signal(signal.SIGTERM, self._previous)
             signal.signal(signal.SIGUSR1, self._previous_usr1)
         return False
+
+
+def _restart_safe_store(timeout: timedelta) -> dict:
+    """``init_process_group`` arguments that keep a torchrun restart off the last attempt's keys.
+
+    torchrun's agent hosts one TCPStore for the whole job and every attempt's workers connect to
+    it (``TORCHELASTIC_USE_AGENT_STORE``, same ``MASTER_PORT``), but ``env://`` does not prefix
+    the keys per attempt (torch >= 2.4). A restarted rank then reads the previous attempt's gloo
+    addresses (``default_pg/0/.../rank_<r>``) and connects to a dead port ("Gloo connectFullMesh
+    failed ... Connection refused"), or finds stale barrier counts. Prefixing the store with
+    ``TORCHELASTIC_RESTART_COUNT`` (what torch < 2.4 did) gives each attempt its own keys.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=timeout,
+    )
+    return {
+        "store": dist.PrefixStore(f"/worker/attempt_{attempt}/default_pg", store),
+        "rank": int(os.environ["RANK"]),
+        "world_size": int(os.environ["WORLD_SIZE"]),
+    }
 
 
 def _local(loss: torch.Tensor) -> torch.Tensor:

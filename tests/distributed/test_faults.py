@@ -116,3 +116,30 @@ def test_desynced_rank_ends_the_job_with_dumps_and_a_report(tmp_path):
     )
     first = report.stdout.splitlines()[0]
     assert "rank 1" in first, report.stdout
+
+
+def test_killed_rank_restarts_and_finishes_like_an_uninterrupted_run(tmp_path):
+    """Rank 1 is SIGKILLed at step 7 of torchrun's first attempt: torchrun restarts both ranks,
+    which resume from step-5 and end with the loss of an uninterrupted run. The restarted ranks
+    must not read the first attempt's keys from torchrun's store (its gloo addresses: "Gloo
+    connectFullMesh failed ... Connection refused", or a hang)."""
+    ckpt = ["--checkpoint.enable", "--checkpoint.interval=5"]
+    straight, faulty = tmp_path / "a", tmp_path / "b"
+    rc, out = run(trainer_cmd(2, f"--job.dump_folder={straight}", *ckpt), tmp_path)
+    assert rc == 0, out[-3000:]
+    rc, out = run(
+        trainer_cmd(
+            2,
+            f"--job.dump_folder={faulty}",
+            *ckpt,
+            launcher=("--standalone", "--max-restarts=1"),
+        ),
+        tmp_path,
+        env={"TORCHTITAN_FAULT": "kill:rank=1:step=7:attempt=0"},
+    )
+    assert rc == 0, out[-3000:]
+    assert "continuing after step 5" in out, out[-3000:]
+    expected = read_metrics_all(straight)[-1]
+    got = read_metrics_all(faulty)[-1]
+    assert expected["step"] == got["step"] == 10
+    assert got["loss"] == pytest.approx(expected["loss"], rel=1e-5)

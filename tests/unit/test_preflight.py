@@ -154,3 +154,11 @@ def test_pipeline_errors(capsys, monkeypatch, argv, expected):
     monkeypatch.setenv("WORLD_SIZE", "2")
     err = run_preflight(capsys, "--parallelism.pipeline_parallel_degree", "2", *argv)
     assert expected in err
+
+
+def test_context_parallel_needs_seq_len_divisible_by_2cp(capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    err = run_preflight(
+        capsys, "--parallelism.context_parallel_degree", "4", "--training.seq_len", "36"
+    )
+    assert "seq_len" in err and "8" in err

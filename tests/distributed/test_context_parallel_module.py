@@ -1,0 +1,67 @@
+"""Context parallelism on CPU/gloo: the debug Llama's loss and grads under ``cp_context`` equal the
+full-sequence run, for both rotate methods and with/without load balancing (cp_worker.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.distributed.launch import ROOT, kill_tree
+from torchtitan.parallel.context_parallel import check_cp
+
+WORKER = Path(__file__).with_name("cp_worker.py")
+
+
+def run_worker(nproc: int, timeout: int = 120) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        str(WORKER),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        out, _ = proc.communicate()
+        raise AssertionError(f"cp_worker timed out after {timeout}s:\n{out[-3000:]}") from None
+    assert proc.returncode == 0, f"cp_worker failed (rc={proc.returncode}):\n{out[-5000:]}"
+    lines = [line for line in out.splitlines() if line.startswith("CP_RESULT ")]
+    assert len(lines) == 1, out[-3000:]
+    return json.loads(lines[0].removeprefix("CP_RESULT "))
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_cp_matches_full_sequence(cp):
+    result = run_worker(cp)
+    assert result["cp"] == cp
+    for variant in ("allgather", "alltoall", "allgather_nolb"):
+        dev = result[variant]
+        print(f"cp={cp} {variant}: loss rel {dev['loss_rel']:.1e}, grad abs {dev['grad_abs']:.1e}")
+        assert dev["loss_rel"] < 1e-5
+        assert dev["grad_abs"] < 1e-6
+
+
+def test_check_cp():
+    assert check_cp(64, 1) is None
+    assert check_cp(64, 4) is None
+    assert check_cp(63, 1) is None
+    assert "divisible by 2 * context_parallel_degree = 8" in check_cp(68, 4)
+    assert ">= 1" in check_cp(64, 0)
