@@ -1,7 +1,8 @@
 """Resume under a different parallel layout: model, optimizer and the data stream reshard.
 
 One uninterrupted FSDP4 run saves step 5 (and 10). Copies of its step-5 checkpoint are resumed
-under FSDP2xTP2, PP2xFSDP2 and FSDP2 (a data-parallel degree change, same global batch). Steps
+under FSDP2xTP2, PP2xFSDP2, FSDP2 (a data-parallel degree change, same global batch) and
+FSDP2xCP2. Steps
 6-10 must reproduce the uninterrupted losses within the parity tolerance, and the global data
 stream must have handed out exactly 8 samples per step: none skipped, none repeated.
 """
@@ -31,6 +32,7 @@ RESUME_LAYOUTS = {
         ],
     ),
     "fsdp2": (2, ["--training.local_batch_size=4"]),
+    "fsdp2_cp2": (4, ["--training.local_batch_size=4", "--parallelism.context_parallel_degree=2"]),
 }
 
 
