@@ -25,11 +25,7 @@ TINY_JOB = [
 
 
 def torchrun(nproc: int, args: list[str], timeout: int = 300) -> str:
-    """Launch ``python -m torchtitan.train`` on ``nproc`` CPU processes; returns the output.
-
-    The whole process tree is killed on timeout, so a hung rank cannot outlive the test.
-    """
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    """Launch ``python -m torchtitan.train`` on ``nproc`` CPU processes; returns the output."""
     cmd = [
         sys.executable,
         "-m",
@@ -38,6 +34,15 @@ def torchrun(nproc: int, args: list[str], timeout: int = 300) -> str:
         f"--nproc_per_node={nproc}",
     ]
     cmd += ["--local-ranks-filter=0", "-m", "torchtitan.train", *args]
+    return run_checked(cmd, timeout)
+
+
+def run_checked(cmd: list[str], timeout: int) -> str:
+    """Run ``cmd`` in its own session and return its output; fail the test on a non-zero exit.
+
+    The whole process tree is killed on timeout, so a hung rank cannot outlive the test.
+    """
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         cmd,
         cwd=ROOT,
@@ -52,9 +57,9 @@ def torchrun(nproc: int, args: list[str], timeout: int = 300) -> str:
     except subprocess.TimeoutExpired:
         kill_tree(proc)
         out, _ = proc.communicate()
-        raise AssertionError(f"torchrun timed out after {timeout}s:\n{out[-3000:]}") from None
+        raise AssertionError(f"timed out after {timeout}s: {cmd}\n{out[-3000:]}") from None
     if proc.returncode != 0:
-        raise AssertionError(f"torchrun failed (rc={proc.returncode}):\n{out[-5000:]}")
+        raise AssertionError(f"failed (rc={proc.returncode}): {cmd}\n{out[-5000:]}")
     return out
 
 

@@ -4,21 +4,18 @@ full-sequence run, for both rotate methods and with/without load balancing (cp_w
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.distributed.launch import ROOT, kill_tree
+from tests.distributed.launch import run_checked
 from torchtitan.parallel.context_parallel import check_cp
 
 WORKER = Path(__file__).with_name("cp_worker.py")
 
 
 def run_worker(nproc: int, timeout: int = 120) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     cmd = [
         sys.executable,
         "-m",
@@ -27,22 +24,7 @@ def run_worker(nproc: int, timeout: int = 120) -> dict:
         f"--nproc_per_node={nproc}",
         str(WORKER),
     ]
-    proc = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_tree(proc)
-        out, _ = proc.communicate()
-        raise AssertionError(f"cp_worker timed out after {timeout}s:\n{out[-3000:]}") from None
-    assert proc.returncode == 0, f"cp_worker failed (rc={proc.returncode}):\n{out[-5000:]}"
+    out = run_checked(cmd, timeout)
     lines = [line for line in out.splitlines() if line.startswith("CP_RESULT ")]
     assert len(lines) == 1, out[-3000:]
     return json.loads(lines[0].removeprefix("CP_RESULT "))

@@ -10,41 +10,15 @@ kind (torch 2.13): max relative deviation 1.7e-7 (loss) and 5.1e-7 (grad norm); 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 
 import pytest
 
-from tests.distributed.launch import ROOT
+from tests.distributed.launch import ROOT, run_checked
 
 EXAMPLE = ROOT / "examples" / "parallelize_custom_model.py"
 RTOL = 1e-5
 STEPS = 5
-
-
-def _run(cmd: list[str], timeout: int) -> str:
-    """Run ``cmd`` in its own session; on timeout kill the whole process group (every rank)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise AssertionError(f"timed out after {timeout}s: {cmd}\n{out[-3000:]}") from None
-    if proc.returncode != 0:
-        raise AssertionError(f"failed (rc={proc.returncode}): {cmd}\n{out[-5000:]}")
-    return out
 
 
 def _max_rel(a: list[float], b: list[float]) -> float:
@@ -53,8 +27,8 @@ def _max_rel(a: list[float], b: list[float]) -> float:
 
 def test_dp2_tp2_matches_single_process(tmp_path):
     ref_out, dist_out = tmp_path / "reference.json", tmp_path / "dp2_tp2.json"
-    _run([sys.executable, str(EXAMPLE), f"--steps={STEPS}", f"--out={ref_out}"], timeout=60)
-    _run(
+    run_checked([sys.executable, str(EXAMPLE), f"--steps={STEPS}", f"--out={ref_out}"], timeout=60)
+    run_checked(
         [
             sys.executable,
             "-m",
