@@ -24,16 +24,20 @@ TINY_JOB = [
 ]
 
 
-def torchrun(nproc: int, args: list[str], timeout: int = 300) -> str:
-    """Launch ``python -m torchtitan.train`` on ``nproc`` CPU processes; returns the output."""
-    cmd = [
+def torchrun_cmd(nproc: int) -> list[str]:
+    """A single-node torchrun launch of ``nproc`` processes; append the script and its args."""
+    return [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
         f"--nproc_per_node={nproc}",
     ]
-    cmd += ["--local-ranks-filter=0", "-m", "torchtitan.train", *args]
+
+
+def torchrun(nproc: int, args: list[str], timeout: int = 300) -> str:
+    """Launch ``python -m torchtitan.train`` on ``nproc`` CPU processes; returns the output."""
+    cmd = [*torchrun_cmd(nproc), "--local-ranks-filter=0", "-m", "torchtitan.train", *args]
     return run_checked(cmd, timeout)
 
 

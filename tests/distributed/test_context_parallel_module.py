@@ -4,27 +4,18 @@ full-sequence run, for both rotate methods and with/without load balancing (cp_w
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.distributed.launch import run_checked
+from tests.distributed.launch import run_checked, torchrun_cmd
 from torchtitan.parallel.context_parallel import check_cp
 
 WORKER = Path(__file__).with_name("cp_worker.py")
 
 
 def run_worker(nproc: int, timeout: int = 120) -> dict:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        str(WORKER),
-    ]
-    out = run_checked(cmd, timeout)
+    out = run_checked([*torchrun_cmd(nproc), str(WORKER)], timeout)
     lines = [line for line in out.splitlines() if line.startswith("CP_RESULT ")]
     assert len(lines) == 1, out[-3000:]
     return json.loads(lines[0].removeprefix("CP_RESULT "))
