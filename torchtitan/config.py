@@ -243,9 +243,14 @@ class Comm:
     flight_recorder_folder: str = opt(
         "comm_traces", "Flight Recorder dumps (rank_R) on a timeout or failure, under dump_folder"
     )
+    dump_wait_seconds: int = opt(
+        15,
+        "NCCL: how long a timed-out rank waits for a Flight Recorder dump; it then sleeps 4x this "
+        "(so every rank can dump) before aborting",
+    )
 
     def validate(self) -> None:
-        for key in ("init_timeout_seconds", "train_timeout_seconds"):
+        for key in ("init_timeout_seconds", "train_timeout_seconds", "dump_wait_seconds"):
             value = getattr(self, key)
             _check(value > 0, f"--comm.{key} must be positive; got {value}")
         _check(

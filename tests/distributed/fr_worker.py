@@ -6,7 +6,7 @@ then an all_reduce of the step on the default group. The first step runs under t
 then ``set_train_timeout`` drops every group's timeout to ``--train-timeout``. The loop runs
 inside ``dump_on_failure``. Faults come from ``TORCHTITAN_FAULT``.
 
-Writes ``<dump-folder>/timing_<rank>.json``: when the last step began, when the loop failed, why.
+Writes ``<dump-folder>/timing_<rank>.json``: when each step began, when the loop failed, why.
 """
 
 from __future__ import annotations
@@ -32,10 +32,15 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--init-timeout", type=int, default=60)
     p.add_argument("--train-timeout", type=int, default=5)
+    p.add_argument("--dump-wait", type=int, default=15, help="comm.dump_wait_seconds")
     p.add_argument("--device", default="cpu")
     args = p.parse_args()
 
-    comm = Comm(init_timeout_seconds=args.init_timeout, train_timeout_seconds=args.train_timeout)
+    comm = Comm(
+        init_timeout_seconds=args.init_timeout,
+        train_timeout_seconds=args.train_timeout,
+        dump_wait_seconds=args.dump_wait,
+    )
     fr.configure_env(comm, args.dump_folder)
     folder = fr.trace_folder(comm, args.dump_folder)
     backend = "nccl" if args.device == "cuda" else "gloo"
@@ -52,6 +57,8 @@ def main() -> None:
         with fr.dump_on_failure(folder, enabled=comm.trace_buf_size > 0):
             for step in range(1, args.steps + 1):
                 timing["step_start"][step] = time.time()
+                # written now too: on NCCL the watchdog may abort the process before `finally`
+                timing_path.write_text(json.dumps(timing))
                 maybe_inject("delay", step, rank)
                 maybe_inject("crash", step, rank)
                 grad = torch.full((1024,), float(rank + step), device=device)

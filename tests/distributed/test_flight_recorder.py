@@ -19,7 +19,13 @@ TRAIN_TIMEOUT = 5
 BOUND = 45  # seconds from the fault to the last rank's exit; ~7 s on an idle machine
 
 
-def run_faulty_job(tmp_path: Path, fault: str, device: str = "cpu", deadline: float = 150):
+def run_faulty_job(
+    tmp_path: Path,
+    fault: str,
+    device: str = "cpu",
+    deadline: float = 150,
+    worker_args: tuple[str, ...] = (),
+):
     """Launch the worker on 2 ranks with ``TORCHTITAN_FAULT=fault``; -> (rc, wall s, log)."""
     log = tmp_path / "torchrun.log"
     cmd = [
@@ -33,6 +39,7 @@ def run_faulty_job(tmp_path: Path, fault: str, device: str = "cpu", deadline: fl
         f"--init-timeout={INIT_TIMEOUT}",
         f"--train-timeout={TRAIN_TIMEOUT}",
         f"--device={device}",
+        *worker_args,
     ]
     env = {"TORCHTITAN_FAULT": fault, "PYTHONPATH": str(ROOT)}
     begin = time.monotonic()

@@ -1,13 +1,14 @@
 """The Flight Recorder tests of tests/distributed/test_flight_recorder.py on 2 GPUs with NCCL.
 
 On NCCL the dumps come from the watchdog (TORCH_NCCL_DUMP_ON_TIMEOUT, set by configure_env): the
-rank that times out dumps, tells the others through the store to dump too, and aborts, so the
-worker's Python error path (and its timing file) may never run; or from dump_on_failure when
-torchrun's SIGTERM reaches a rank first.
+rank that times out dumps, tells the others through the store to dump too, sleeps
+4 x comm.dump_wait_seconds and aborts, so the worker's Python error path may never run; or from
+dump_on_failure when torchrun's SIGTERM reaches a rank first.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -15,11 +16,13 @@ import pytest
 import torch
 
 from tests.distributed.launch import ROOT
-from tests.distributed.test_flight_recorder import run_faulty_job
+from tests.distributed.test_flight_recorder import TRAIN_TIMEOUT, run_faulty_job
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA devices"
 )
+
+DUMP_WAIT = 8
 
 
 def report(tmp_path) -> list[str]:
@@ -38,17 +41,29 @@ def report(tmp_path) -> list[str]:
     return out.stdout.splitlines()
 
 
+def seconds_from_fault_to_dumps(tmp_path) -> list[float]:
+    fault_at = json.loads((tmp_path / "timing_1.json").read_text())["step_start"]["3"]
+    return [(tmp_path / "comm_traces" / f"rank_{r}").stat().st_mtime - fault_at for r in (0, 1)]
+
+
 @pytest.mark.parametrize(
     "fault", ["delay:rank=1:step=3:seconds=60", "skip_collective:rank=1:step=3"]
 )
 def test_nccl_hang_ends_with_dumps_that_name_rank_1(tmp_path, fault):
-    rc, wall, log = run_faulty_job(tmp_path, fault, device="cuda")
-    print(f"{fault}: rc={rc}, wall {wall:.1f}s")
+    rc, wall, log = run_faulty_job(
+        tmp_path, fault, device="cuda", worker_args=(f"--dump-wait={DUMP_WAIT}",)
+    )
+    dump_seconds = seconds_from_fault_to_dumps(tmp_path)
+    print(f"{fault}: rc={rc}, wall {wall:.1f}s, dumps {dump_seconds} s after the fault")
     assert rc != 0, log[-3000:]
     lines = report(tmp_path)
-    # torchrun start-up, the 5 s timeout, the watchdog's wait for the dump (up to
-    # TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC: 15 s as configure_env sets it; torch 2.11 waited 60 s
-    # without it, and the whole job took 108 s) and the abort.
-    assert wall < 100, wall
     assert lines[0].startswith("rank 1 "), "\n".join(lines)
     assert "all_reduce" in lines[0] or "all_gather" in lines[0], "\n".join(lines)
+    # The watchdog dumps right after the 5 s timeout (collecting the stacks takes ~3.5 s). Rank 1
+    # sleeping in the delay fault is woken by torchrun's SIGTERM and dumps again from Python, once
+    # the timed-out rank has aborted: after its 4 x DUMP_WAIT sleep.
+    assert min(dump_seconds) < TRAIN_TIMEOUT + DUMP_WAIT, dump_seconds
+    assert max(dump_seconds) < TRAIN_TIMEOUT + 5 * DUMP_WAIT + 10, dump_seconds
+    # start-up (~10 s) + timeout + stacks + the 4 x DUMP_WAIT sleep + abort and teardown. With the
+    # default 15 s dump wait the sleep is 60 s and the job took 106-108 s on 2xH200 (torch 2.11).
+    assert wall < 25 + TRAIN_TIMEOUT + 4 * DUMP_WAIT + 10, wall

@@ -136,14 +136,14 @@ def test_profiler_bad_window_and_cpu_memory_snapshot(tmp_path, caplog):
 
 def test_configure_env_sets_defaults_and_respects_the_user(tmp_path):
     env: dict[str, str] = {}
-    added = fr.configure_env(Comm(trace_buf_size=123), tmp_path, environ=env)
+    added = fr.configure_env(Comm(trace_buf_size=123, dump_wait_seconds=8), tmp_path, environ=env)
     assert added == env
     assert env == {
         "TORCH_FR_BUFFER_SIZE": "123",
         "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "comm_traces" / "rank_"),
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_NCCL_ENABLE_MONITORING": "1",
-        "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "15000",
+        "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "8000",
     }
     assert (tmp_path / "comm_traces").is_dir()
 

@@ -32,6 +32,8 @@ gloo vs NCCL (torch 2.11-2.13):
   timeout; with ``TORCH_NCCL_DUMP_ON_TIMEOUT=1`` it writes ``<TORCH_FR_DUMP_TEMP_FILE><rank>`` on
   every rank (the timed-out one signals the others through the store) and then aborts the process,
   so Python never sees an exception -- the dumps come from the watchdog, into the same folder.
+  Before aborting, the timed-out rank sleeps 4x ``TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC``
+  (``comm.dump_wait_seconds``) so that the other ranks have time to dump.
 """
 
 from __future__ import annotations
@@ -71,7 +73,8 @@ def configure_env(cfg_comm, dump_folder: str | os.PathLike, environ=None) -> dic
     ``cfg_comm`` is the ``[comm]`` config section (``trace_buf_size``, ``flight_recorder_folder``).
     Sets ``TORCH_FR_BUFFER_SIZE`` and, unless that is 0, ``TORCH_FR_DUMP_TEMP_FILE`` (where the
     NCCL watchdog dumps: ``<folder>/rank_``), ``TORCH_NCCL_DUMP_ON_TIMEOUT=1``,
-    ``TORCH_NCCL_ENABLE_MONITORING=1`` and ``TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC=15000``. A
+    ``TORCH_NCCL_ENABLE_MONITORING=1`` and ``TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC`` (from
+    ``dump_wait_seconds``). A
     variable the user set (or its older ``TORCH_NCCL_*`` alias) is left alone. Creates the dump
     folder. Returns the variables this call set.
     """
@@ -94,9 +97,10 @@ def configure_env(cfg_comm, dump_folder: str | os.PathLike, environ=None) -> dic
         # DUMP_ON_TIMEOUT needs the monitoring thread and a non-zero buffer.
         wanted["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "1"
         wanted["TORCH_NCCL_ENABLE_MONITORING"] = "1"
-        # How long the watchdog waits for the dump before it aborts the process (60 s in some
-        # torch versions): the train timeout plus this is how long a hang lasts.
-        wanted["TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC"] = "15000"
+        # How long the watchdog waits for a dump. After signalling the other ranks to dump, the
+        # timed-out rank also sleeps 4x this before it aborts (torch 2.11: 15 s -> 60 s, measured
+        # on 2xH200), so a hang ends about train_timeout + 4 * dump_wait_seconds after it began.
+        wanted["TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC"] = str(1000 * cfg_comm.dump_wait_seconds)
         Path(prefix).parent.mkdir(parents=True, exist_ok=True)
     added = {k: v for k, v in wanted.items() if k not in env}
     env.update(added)
