@@ -178,6 +178,11 @@ class Checkpoint:
 class ActivationCheckpoint:
     mode: str = opt("none", "none, full or selective")
     selective_ac_option: str = opt("op", "with mode=selective: 'op' or N (every N-th block)")
+    save_matmuls: str = opt(
+        "all",
+        "selective op: keep 'all' matmul outputs, or every other one per block ('alternate': less "
+        "memory, some recompute)",
+    )
 
 
 @dataclass
@@ -521,6 +526,7 @@ def validate(cfg: JobConfig) -> None:
         "--activation_checkpoint.selective_ac_option must be 'op' or a positive integer N; "
         f"got {ac.selective_ac_option!r}",
     )
+    _check_choice("activation_checkpoint.save_matmuls", ac.save_matmuls, ("all", "alternate"))
     cfg.checkpoint.validate()
     cfg.comm.validate()
     cfg.profiling.validate()

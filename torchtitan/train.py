@@ -203,7 +203,7 @@ class Trainer:
         if dist.is_initialized():
             return parallelize_llama(model, self.dims, cfg, self.device.type)
         ac = cfg.activation_checkpoint
-        apply_ac(model, ac.mode, ac.selective_ac_option)
+        apply_ac(model, ac.mode, ac.selective_ac_option, save_matmuls=ac.save_matmuls)
         if cfg.compile.enable:
             apply_compile(model)
         return model

@@ -25,3 +25,21 @@ def test_per_rank_compile_cache_folder(monkeypatch, tmp_path):
     use_per_rank_compile_cache(3)
     use_per_rank_compile_cache(3)  # idempotent
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "rank_3")
+
+
+def test_compiled_blocks_with_alternate_matmul_ac_match_eager(tmp_path):
+    # The selective policy counts matmuls; under compile it runs while AOT traces the block.
+    eager = grads_after_one_step(make_trainer(tmp_path / "eager"))
+    trainer = make_trainer(
+        tmp_path / "compiled",
+        "--compile.enable",
+        "--activation_checkpoint.mode=selective",
+        "--activation_checkpoint.save_matmuls=alternate",
+    )
+    compiled = grads_after_one_step(trainer)
+    strip = ("._orig_mod", "._checkpoint_wrapped_module")
+    for old in strip:
+        compiled = {k.replace(old, ""): v for k, v in compiled.items()}
+    assert compiled.keys() == eager.keys()
+    for name, grad in eager.items():
+        torch.testing.assert_close(compiled[name], grad, rtol=1e-4, atol=1e-6)

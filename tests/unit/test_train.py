@@ -67,15 +67,21 @@ def test_global_batch_not_multiple_of_local_is_rejected(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "mode, option",
-    [("full", "op"), ("selective", "op"), ("selective", "2")],
+    "mode, option, matmuls",
+    [
+        ("full", "op", "all"),
+        ("selective", "op", "all"),
+        ("selective", "op", "alternate"),
+        ("selective", "2", "all"),
+    ],
 )
-def test_activation_checkpointing_keeps_loss_and_grads(tmp_path, mode, option):
+def test_activation_checkpointing_keeps_loss_and_grads(tmp_path, mode, option, matmuls):
     reference = grads_after_one_step(make_trainer(tmp_path / "ref"))
     trainer = make_trainer(
         tmp_path / mode,
         f"--activation_checkpoint.mode={mode}",
         f"--activation_checkpoint.selective_ac_option={option}",
+        f"--activation_checkpoint.save_matmuls={matmuls}",
     )
     wrapped = sum("CheckpointWrapper" in type(b).__name__ for b in trainer.model.layers.values())
     assert wrapped == (3 if option == "2" else 6)

@@ -28,7 +28,8 @@ def parallelize_llama(model: nn.Module, dims: ParallelDims, cfg: JobConfig, devi
         apply_tp(model, dims.mesh("tp"), root_plan=llama_root_plan(not p.disable_loss_parallel))
         if p.enable_async_tensor_parallel:
             enable_async_tp()
-    apply_ac(model, cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option)
+    ac = cfg.activation_checkpoint
+    apply_ac(model, ac.mode, ac.selective_ac_option, save_matmuls=ac.save_matmuls)
     if cfg.compile.enable:
         apply_compile(model)
     if dims.data_parallel:
