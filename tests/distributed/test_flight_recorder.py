@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed.launch import ROOT, kill_tree, start
+from tests.distributed.launch import ROOT, kill_tree, start, torchrun_cmd
 
 WORKER = Path(__file__).with_name("fr_worker.py")
 INIT_TIMEOUT = 120  # a hang that only the init timeout ended would blow the bounds below
@@ -29,11 +29,7 @@ def run_faulty_job(
     """Launch the worker on 2 ranks with ``TORCHTITAN_FAULT=fault``; -> (rc, wall s, log)."""
     log = tmp_path / "torchrun.log"
     cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
+        *torchrun_cmd(2),
         str(WORKER),
         f"--dump-folder={tmp_path}",
         f"--init-timeout={INIT_TIMEOUT}",
