@@ -47,6 +47,20 @@ LAYOUTS = {
         4,
         ["--training.local_batch_size=4", "--parallelism.tensor_parallel_degree=2"],
     ),
+    # The 8-rank meshes of the 8-GPU runs (issue #8), on CPU.
+    "fsdp8": (8, ["--training.local_batch_size=1"]),
+    "hsdp2x4": (
+        8,
+        ["--training.local_batch_size=1", "--parallelism.data_parallel_replicate_degree=2"],
+    ),
+    "fsdp2_cp2_tp2": (
+        8,
+        [
+            "--training.local_batch_size=4",
+            "--parallelism.context_parallel_degree=2",
+            "--parallelism.tensor_parallel_degree=2",
+        ],
+    ),
     "fsdp2_tp2_compile_loss_selective_op": (
         4,
         [

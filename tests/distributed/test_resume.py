@@ -2,7 +2,7 @@
 
 One uninterrupted FSDP4 run saves step 5 (and 10). Copies of its step-5 checkpoint are resumed
 under FSDP2xTP2, PP2xFSDP2, FSDP2 (a data-parallel degree change, same global batch) and
-FSDP2xCP2. Steps
+FSDP2xCP2; an FSDP8 step-5 checkpoint resumes under PP2xFSDP2xTP2. Steps
 6-10 must reproduce the uninterrupted losses within the parity tolerance, and the global data
 stream must have handed out exactly 8 samples per step: none skipped, none repeated.
 """
@@ -51,6 +51,18 @@ def uninterrupted(seed_checkpoint, tmp_path_factory):
     return folder
 
 
+def assert_steps_6_to_10_continue(uninterrupted, resumed) -> None:
+    """Steps 6-10 match the uninterrupted run, and exactly 8 samples were drawn per step."""
+    reference = {r["step"]: r for r in read_metrics(uninterrupted)}
+    rows = read_metrics(resumed)
+    assert [r["step"] for r in rows] == [6, 7, 8, 9, 10]
+    for row in rows:
+        ref = reference[row["step"]]
+        assert row["loss"] == pytest.approx(ref["loss"], rel=RTOL), (row, ref)
+        assert row["grad_norm"] == pytest.approx(ref["grad_norm"], rel=RTOL), (row, ref)
+        assert row["data_windows"] == ref["data_windows"] == 8 * row["step"]
+
+
 @pytest.mark.parametrize("layout", list(RESUME_LAYOUTS))
 def test_resume_under_another_layout(layout, uninterrupted, tmp_path):
     shutil.copytree(uninterrupted / "checkpoint" / "step-5", tmp_path / "checkpoint" / "step-5")
@@ -58,14 +70,31 @@ def test_resume_under_another_layout(layout, uninterrupted, tmp_path):
     out = torchrun(nproc, [*JOB, *overrides, f"--job.dump_folder={tmp_path}"])
     assert "continuing after step 5" in out
 
-    reference = {r["step"]: r for r in read_metrics(uninterrupted)}
-    resumed = read_metrics(tmp_path)
-    assert [r["step"] for r in resumed] == [6, 7, 8, 9, 10]
-    for row in resumed:
-        ref = reference[row["step"]]
-        assert row["loss"] == pytest.approx(ref["loss"], rel=RTOL), (row, ref)
-        assert row["grad_norm"] == pytest.approx(ref["grad_norm"], rel=RTOL), (row, ref)
-        assert row["data_windows"] == ref["data_windows"] == 8 * row["step"]
+    assert_steps_6_to_10_continue(uninterrupted, tmp_path)
+
+
+def test_fsdp8_checkpoint_resumes_under_pp2_fsdp2_tp2(seed_checkpoint, tmp_path):
+    """The CPU form of issue #8's "save under FSDP8, resume under PP2xFSDP2xTP2" (8 ranks)."""
+    saved, resumed = tmp_path / "fsdp8", tmp_path / "pp2_fsdp2_tp2"
+    torchrun(
+        8,
+        [
+            *JOB,
+            "--training.local_batch_size=1",
+            f"--checkpoint.initial_load_path={seed_checkpoint}",
+            f"--job.dump_folder={saved}",
+        ],
+    )
+    shutil.copytree(saved / "checkpoint" / "step-5", resumed / "checkpoint" / "step-5")
+    layout = [
+        "--training.local_batch_size=4",
+        "--parallelism.pipeline_parallel_degree=2",
+        "--parallelism.tensor_parallel_degree=2",
+        "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+    ]
+    out = torchrun(8, [*JOB, *layout, f"--job.dump_folder={resumed}"])
+    assert "continuing after step 5" in out
+    assert_steps_6_to_10_continue(saved, resumed)
 
 
 def train_single_process(folder, env=None, check=True):
