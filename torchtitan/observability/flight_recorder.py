@@ -30,10 +30,11 @@ gloo vs NCCL (torch 2.11-2.13):
 * NCCL records start/completion (``state`` scheduled/started/completed, timings with
   ``TORCH_NCCL_ENABLE_TIMING=1``) and fills ``pg_config`` itself. Its watchdog thread detects the
   timeout; with ``TORCH_NCCL_DUMP_ON_TIMEOUT=1`` it writes ``<TORCH_FR_DUMP_TEMP_FILE><rank>`` on
-  every rank (the timed-out one signals the others through the store) and then aborts the process,
-  so Python never sees an exception -- the dumps come from the watchdog, into the same folder.
-  Before aborting, the timed-out rank sleeps 4x ``TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC``
-  (``comm.dump_wait_seconds``) so that the other ranks have time to dump.
+  every rank (the timed-out one signals the others through the store) -- the dumps come from the
+  watchdog, into the same folder. The timed-out rank then sleeps 4x
+  ``TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC`` (``comm.dump_wait_seconds``) so that the other ranks
+  have time to dump, and aborts its communicators and the process. Python may see a
+  ``DistBackendError`` ("NCCL communicator was aborted") in between, or nothing at all.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def configure_env(cfg_comm, dump_folder: str | os.PathLike, environ=None) -> dic
         wanted["TORCH_NCCL_ENABLE_MONITORING"] = "1"
         # How long the watchdog waits for a dump. After signalling the other ranks to dump, the
         # timed-out rank also sleeps 4x this before it aborts (torch 2.11: 15 s -> 60 s, measured
-        # on 2xH200), so a hang ends about train_timeout + 4 * dump_wait_seconds after it began.
+        # on 2xH200), so a hung job ends no sooner than train_timeout + 4 * dump_wait_seconds.
         wanted["TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC"] = str(1000 * cfg_comm.dump_wait_seconds)
         Path(prefix).parent.mkdir(parents=True, exist_ok=True)
     added = {k: v for k, v in wanted.items() if k not in env}
