@@ -2,9 +2,9 @@
 
 One uninterrupted FSDP4 run saves step 5 (and 10). Copies of its step-5 checkpoint are resumed
 under FSDP2xTP2, PP2xFSDP2, FSDP2 (a data-parallel degree change, same global batch) and
-FSDP2xCP2; an FSDP8 step-5 checkpoint resumes under PP2xFSDP2xTP2. Steps
-6-10 must reproduce the uninterrupted losses within the parity tolerance, and the global data
-stream must have handed out exactly 8 samples per step: none skipped, none repeated.
+FSDP2xCP2; an FSDP8 step-5 checkpoint resumes under PP2xFSDP2xTP2. Steps 6-10 must reproduce
+the uninterrupted losses within the parity tolerance, and the global data stream must have
+handed out exactly 8 samples per step: none skipped, none repeated.
 """
 
 import shutil
