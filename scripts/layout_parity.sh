@@ -4,7 +4,7 @@
 #
 #   CONFIG_FILE=train_configs/debug_model.toml scripts/layout_parity.sh OUT \
 #     "fsdp8:8:--training.local_batch_size 1" \
-#     "pp2_fsdp2_tp2:8:--parallelism.pipeline_parallel_degree 2 --parallelism.tensor_parallel_degree 2" \
+#     "pp2_fsdp2_tp2:8:--parallelism.pipeline_parallel_degree 2 --parallelism.tensor_parallel_degree 2 --training.local_batch_size 4" \
 #     -- --training.steps 50 --training.global_batch_size 8
 #
 # Each layout is NAME:NPROC:OVERRIDES. Arguments after "--" go to every run (keep the global batch
