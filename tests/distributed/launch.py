@@ -67,6 +67,19 @@ def run_checked(cmd: list[str], timeout: int) -> str:
     return out
 
 
+def hang_report(traces: Path) -> list[str]:
+    """Run ``python -m torchtitan.observability.hang_report`` on a dump folder; its lines."""
+    report = subprocess.run(
+        [sys.executable, "-m", "torchtitan.observability.hang_report", str(traces)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert report.returncode == 0, report.stderr
+    return report.stdout.splitlines()
+
+
 def read_metrics(dump_folder: Path) -> list[dict]:
     files = sorted((dump_folder / "metrics").glob("*.jsonl"))
     assert len(files) == 1, f"expected one metrics file in {dump_folder}, found {files}"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed.launch import ROOT, TINY_JOB, kill_tree, read_metrics, start
+from tests.distributed.launch import TINY_JOB, hang_report, kill_tree, read_metrics, start
 from tests.distributed.test_resume import read_metrics_all
 
 JOB = [
@@ -107,15 +107,8 @@ def test_desynced_rank_ends_the_job_with_dumps_and_a_report(tmp_path):
     assert time.monotonic() - begin < 150, "the job was not ended by the train timeout"
     traces = tmp_path / "comm_traces"
     assert sorted(p.name for p in traces.iterdir()) == ["rank_0", "rank_1"], out[-3000:]
-    report = subprocess.run(
-        [sys.executable, "-m", "torchtitan.observability.hang_report", str(traces)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    first = report.stdout.splitlines()[0]
-    assert "rank 1" in first, report.stdout
+    lines = hang_report(traces)
+    assert "rank 1" in lines[0], "\n".join(lines)
 
 
 def test_killed_rank_restarts_and_finishes_like_an_uninterrupted_run(tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed.launch import ROOT, kill_tree, start, torchrun_cmd
+from tests.distributed.launch import ROOT, hang_report, kill_tree, start, torchrun_cmd
 
 WORKER = Path(__file__).with_name("fr_worker.py")
 INIT_TIMEOUT = 120  # a hang that only the init timeout ended would blow the bounds below
@@ -64,15 +64,7 @@ def check_ended_in_time_with_dumps(tmp_path: Path, rc: int, log: str) -> list[st
     seconds = [t["failed_at"] - t["step_start"]["3"] for t in timings]
     errors = [t["error"] for t in timings]
     assert TRAIN_TIMEOUT - 0.5 < min(seconds) and max(seconds) < BOUND, (seconds, errors)
-    report = subprocess.run(
-        [sys.executable, "-m", "torchtitan.observability.hang_report", str(traces)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert report.returncode == 0, report.stderr
-    return report.stdout.splitlines()
+    return hang_report(traces)
 
 
 def test_skipped_collective_is_named(tmp_path):

@@ -9,13 +9,11 @@ dump_on_failure when torchrun's SIGTERM reaches a rank first.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from tests.distributed.launch import ROOT
+from tests.distributed.launch import hang_report
 from tests.distributed.test_flight_recorder import TRAIN_TIMEOUT, run_faulty_job
 
 pytestmark = pytest.mark.skipif(
@@ -29,16 +27,9 @@ def report(tmp_path) -> list[str]:
     traces = tmp_path / "comm_traces"
     dumps = sorted(p.name for p in traces.iterdir()) if traces.is_dir() else []
     assert dumps == ["rank_0", "rank_1"], dumps
-    out = subprocess.run(
-        [sys.executable, "-m", "torchtitan.observability.hang_report", str(traces)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    print(out.stdout)
-    return out.stdout.splitlines()
+    lines = hang_report(traces)
+    print("\n".join(lines))
+    return lines
 
 
 def seconds_from_fault_to_dumps(tmp_path) -> list[float]:
