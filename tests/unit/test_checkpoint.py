@@ -104,6 +104,12 @@ class Job:
             losses.append(loss.item())
         return losses
 
+    def train_and_save(self, manager: CheckpointManager, steps: int) -> None:
+        """Train ``steps`` steps, saving a checkpoint after each one."""
+        for _ in range(steps):
+            self.train(1)
+            manager.save(self.train_state.step)
+
     def params(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
@@ -270,10 +276,7 @@ def test_corrupted_latest_falls_back_to_the_previous_step(tmp_path, caplog):
 def test_resuming_from_an_earlier_step_replaces_the_later_one_when_reached(tmp_path, caplog):
     a = Job(0)
     manager = a.manager(tmp_path)
-    a.train(1)
-    manager.save(1)
-    a.train(1)
-    manager.save(2)
+    a.train_and_save(manager, 2)
     b = Job(1)
     bm = b.manager(tmp_path, load_step=1)
     assert bm.load() == 1
@@ -295,9 +298,7 @@ def test_keep_latest_k_deletes_older_steps_but_keeps_the_seed(tmp_path):
     a = Job(0)
     save_seed_checkpoint(a.model, tmp_path / "checkpoint" / "step-0")
     manager = a.manager(tmp_path, keep_latest_k=2)
-    for _ in range(4):
-        a.train(1)
-        manager.save(a.train_state.step)
+    a.train_and_save(manager, 4)
     manager.close()  # waits for the background deletions
     names = sorted(p.name for p in (tmp_path / "checkpoint").iterdir())
     assert names == ["step-0", "step-3", "step-4"]
@@ -408,10 +409,7 @@ def test_nothing_is_unpickled_beyond_weights_only(tmp_path, caplog):
 
     a = Job(0)
     manager = a.manager(tmp_path)
-    a.train(1)
-    manager.save(1)
-    a.train(1)
-    manager.save(2)
+    a.train_and_save(manager, 2)
     (tmp_path / "checkpoint" / "step-2" / ".metadata").write_bytes(pickle.dumps(Planted()))
     assert Job(1).manager(tmp_path).load() == 1
     assert "not a DCP metadata type" in caplog.text
