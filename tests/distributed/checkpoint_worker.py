@@ -10,7 +10,6 @@ Prints ``CHECKPOINT-DIST OK`` on rank 0 at the end. Usage: torchrun ... checkpoi
 """
 
 import logging
-import os
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -164,5 +163,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":  # required: async_save may spawn helpers that re-import __main__
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     main()
