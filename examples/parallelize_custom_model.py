@@ -244,35 +244,34 @@ def parallelize(
 # ----------------------------------------------------------------------- pipeline parallel
 
 
-def build_stage(model: TinyGPT, mesh: DeviceMesh, schedule: str):
-    """This rank's pipeline stage of the (meta) model: a copy holding its share of the blocks,
-    the embeddings iff first and the norm + head iff last. -> (stage module, stage plan)."""
-    pp_mesh = mesh["pp"]
-    plan = plan_stages(model.cfg.n_layers, pp_mesh.size(), pp_mesh.get_local_rank(), schedule)
+def pipeline_stage(model: TinyGPT, mesh: DeviceMesh, device, args, local_batch: int):
+    """Cut this rank's stage out of the (meta) model: its share of the blocks, the embeddings
+    iff first, the norm + head iff last. Parallelize it like a whole model and hand it to a
+    schedule that runs it with the other pipeline ranks' stages. -> (stage, schedule, plan)."""
+    pp = mesh["pp"].size()
+    plan = plan_stages(model.cfg.n_layers, pp, mesh["pp"].get_local_rank(), args.pp_schedule)
+    try:
+        check_microbatches(args.pp_schedule, args.microbatches, pp, plan.num_stages)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    if local_batch % args.microbatches:
+        raise SystemExit(f"--microbatches {args.microbatches} must divide {local_batch}")
     (stage_id,) = plan.stage_ids  # GPipe and 1F1B: one stage per rank
+    first, last = plan.has_first(), plan.has_last()
     stage = build_stage_module(
-        model,
-        plan.layers[stage_id],
-        plan.has_first(),
-        plan.has_last(),
-        GPT_BLOCKS,
-        GPT_INPUT_MODULES,
-        GPT_OUTPUT_MODULES,
+        model, plan.layers[stage_id], first, last, GPT_BLOCKS, GPT_INPUT_MODULES, GPT_OUTPUT_MODULES
     )
-    return stage, plan
-
-
-def build_pipeline(stage, plan, mesh, device, schedule: str, microbatches: int, tokens: int):
-    """The schedule that runs ``stage`` with the other pipeline ranks' stages. Each
-    microbatch's loss is its summed cross-entropy over the local batch's ``tokens``, so the
-    microbatch losses (and gradients) add up to those of the local batch's mean loss."""
+    parallelize(stage, mesh, args.ac, args.compile)
+    tokens = local_batch * args.seq_len
 
     def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        # Summed over the microbatch, divided by the local batch's tokens: the microbatch
+        # losses (and gradients) add up to those of the local batch's mean loss.
         return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum") / tokens
 
-    (stage_id,) = plan.stage_ids
-    pipeline_stage = build_pipeline_stage(stage, stage_id, plan, device, mesh["pp"].get_group())
-    return build_schedule(schedule, [pipeline_stage], microbatches, loss_fn)
+    runner = build_pipeline_stage(stage, stage_id, plan, device, mesh["pp"].get_group())
+    schedule = build_schedule(args.pp_schedule, [runner], args.microbatches, loss_fn)
+    return stage, schedule, plan
 
 
 # ------------------------------------------------------------------------------------ data
@@ -430,24 +429,14 @@ def main(argv=None) -> list[float]:
     local_batch = args.global_batch // dp
 
     # 2. Build on the meta device (no memory), cut out this rank's pipeline stage, parallelize,
-    #    then allocate each rank's shards.
+    #    then allocate this rank's shards.
     with torch.device("meta"):
         model = TinyGPT(cfg)
     schedule = plan = None
     if pp > 1:
-        model, plan = build_stage(model, mesh, args.pp_schedule)
-        try:
-            check_microbatches(args.pp_schedule, args.microbatches, pp, plan.num_stages)
-        except ValueError as e:
-            raise SystemExit(str(e)) from None
-        if local_batch % args.microbatches:
-            raise SystemExit(f"--microbatches {args.microbatches} must divide {local_batch}")
-    parallelize(model, mesh, args.ac, args.compile)
-    if pp > 1:
-        tokens = local_batch * args.seq_len
-        schedule = build_pipeline(
-            model, plan, mesh, device, args.pp_schedule, args.microbatches, tokens
-        )
+        model, schedule, plan = pipeline_stage(model, mesh, device, args, local_batch)
+    else:
+        parallelize(model, mesh, args.ac, args.compile)
     model.to_empty(device=device)
 
     # 3. The same initial weights as the single-process run.
