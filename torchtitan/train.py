@@ -33,7 +33,7 @@ from torchtitan.optim import build_lr_scheduler, build_optimizer, clip_grad_norm
 from torchtitan.parallel.activation_checkpoint import apply_ac
 from torchtitan.parallel.compile import apply_compile, use_per_rank_compile_cache
 from torchtitan.parallel.context_parallel import cp_context
-from torchtitan.parallel.parallelize import parallelize_llama
+from torchtitan.parallel.llama import parallelize_llama
 from torchtitan.parallel.pipeline import (
     StagePlan,
     build_pipeline_stage,
