@@ -15,13 +15,14 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
+from torchtitan.config import RotateMethod, choices
 from torchtitan.parallel.context_parallel_cpu import (
     enable_cpu_context_parallel,
     torch_cp_module,
     torch_private,
 )
 
-_ROTATE_METHODS = ("allgather", "alltoall")
+ROTATE_METHODS = choices(RotateMethod)
 
 
 def check_cp(seq_len: int, cp: int) -> str | None:
@@ -60,8 +61,8 @@ def cp_context(
 
     if cp_mesh.ndim != 1:
         raise ValueError(f"cp_context needs a 1-D CP mesh; got {cp_mesh.ndim}-D")
-    if rotate_method not in _ROTATE_METHODS:
-        raise ValueError(f"rotate_method must be one of {_ROTATE_METHODS}; got {rotate_method!r}")
+    if rotate_method not in ROTATE_METHODS:
+        raise ValueError(f"rotate_method must be one of {ROTATE_METHODS}; got {rotate_method!r}")
     buffers, seq_dims = list(buffers), list(seq_dims)
     if not buffers or len(buffers) != len(seq_dims):
         raise ValueError("cp_context needs buffers and one seq dim per buffer")

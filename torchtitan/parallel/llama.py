@@ -98,7 +98,7 @@ def parallelize_llama(model: nn.Module, dims: ParallelDims, cfg: JobConfig, devi
     ac = cfg.activation_checkpoint
     apply_ac(model, ac.mode, ac.selective_ac_option, LLAMA_BLOCKS, ac.save_matmuls)
     if cfg.compile.enable:
-        apply_compile(model, LLAMA_BLOCKS)
+        apply_compile(model, LLAMA_BLOCKS, clone_first_input=dims.tp > 1)
     if dims.data_parallel:
         on_gpu = device_type == "cuda"
         t = cfg.training

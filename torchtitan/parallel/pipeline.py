@@ -29,7 +29,6 @@ SINGLE_STAGE = ("GPipe", "1F1B")
 LOOPED = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
 ZERO_BUBBLE = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
-SCHEDULES = SINGLE_STAGE + LOOPED + V_SHAPED + ("CSV",)
 
 
 @dataclass(frozen=True)
