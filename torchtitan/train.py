@@ -96,6 +96,7 @@ class Trainer:
             dp_rank=self.dims.dp_rank if dist.is_initialized() else 0,
             dp_world_size=self.dims.dp_degree,
             text_field=cfg.training.text_field,
+            num_workers=cfg.training.data_workers,
         )
         # One optimizer (and lr schedule) per model part: a pipeline rank may hold several stages.
         self.optimizers = [
@@ -303,7 +304,8 @@ class Trainer:
             start = time.perf_counter()
             inputs, labels = next(data_iter)
             data_seconds += time.perf_counter() - start
-            inputs, labels = inputs.to(self.device), labels.to(self.device)
+            inputs = inputs.to(self.device, non_blocking=True)
+            labels = labels.to(self.device, non_blocking=True)
             if self.schedule is not None:
                 with self._cp_context(inputs, labels):
                     loss += self._pipeline_step(inputs, labels)
@@ -378,7 +380,7 @@ class Trainer:
             # A data-parallel group's tokens are processed by its tp x cp x pp devices together.
             tokens=self._tokens_per_step // self.dims.model_parallel_size,
             data_seconds=data_seconds,
-            data_windows=self.dataloader.dataset.state_dict()["windows"],
+            data_windows=self.dataloader.windows,
         )
 
     def train(self) -> list[float]:
