@@ -174,6 +174,9 @@ class LRScheduler(Section):
 class Training(Section):
     dataset: str = opt("sample", "sample (bundled), c4, hf:ID[:CONFIG], or a local file/folder")
     text_field: str = opt("text", "column holding the document text")
+    data_workers: int = opt(
+        -1, "processes that tokenize ahead of training: -1 = auto (1 on CUDA, 0 on CPU), 0, 1"
+    )
     seq_len: int = opt(2048, "tokens per sample")
     local_batch_size: int = opt(8, "samples per device per micro-step")
     global_batch_size: int = opt(-1, "samples per optimizer step; -1 = local_batch_size x DP")

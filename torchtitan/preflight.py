@@ -15,6 +15,7 @@ import torch
 
 from torchtitan.checkpoint import check_loadable
 from torchtitan.config import ConfigError, JobConfig, parse_args
+from torchtitan.data.loader import resolve_workers
 from torchtitan.data.text import DataError, resolve_source
 from torchtitan.data.tokenizer import Tokenizer, TokenizerError
 from torchtitan.models.llama3 import ModelArgs, get_model_args
@@ -143,6 +144,7 @@ def check_job(cfg: JobConfig, world_size: int) -> CheckedJob:
     check_checkpoint(cfg, model_args, world_size)
     accum_steps = gradient_accumulation_steps(cfg, dp_degree=dims.dp_degree)
     resolve_source(cfg.training.dataset, text_field=cfg.training.text_field)
+    resolve_workers(cfg.training.data_workers)
     tokenizer = Tokenizer(cfg.model.tokenizer_path)
     if tokenizer.vocab_size > model_args.vocab_size:
         raise ConfigError(

@@ -100,6 +100,7 @@ class Trainer:
             dp_rank=self.dims.dp_rank if dist.is_initialized() else 0,
             dp_world_size=self.dims.dp_degree,
             text_field=t.text_field,
+            num_workers=t.data_workers,
         )
 
     def _build_checkpointer(self) -> CheckpointManager:
@@ -222,7 +223,11 @@ class Trainer:
         start = time.perf_counter()
         inputs, labels = next(data_iter)
         seconds = time.perf_counter() - start
-        return inputs.to(self.device), labels.to(self.device), seconds
+        return (
+            inputs.to(self.device, non_blocking=True),
+            labels.to(self.device, non_blocking=True),
+            seconds,
+        )
 
     def _global_mean(self, local: torch.Tensor) -> torch.Tensor:
         """Average of a per-rank value over all data-parallel (and context-parallel) ranks."""
@@ -263,7 +268,7 @@ class Trainer:
             # A data-parallel group's tokens are processed by its tp x cp x pp devices together.
             tokens=self._tokens_per_step // self.dims.model_parallel_size,
             data_seconds=data_seconds,
-            data_windows=self.dataloader.dataset.state_dict()["windows"],
+            data_windows=self.dataloader.windows,
         )
 
     # ----------------------------------------------------------------------- the loop
