@@ -190,9 +190,18 @@ class Training(Section):
     on_nonfinite: NonFinitePolicy = opt(
         "stop", "on a NaN/Inf loss or grad norm: stop (one-line error) or skip the step"
     )
+    loss_chunk_tokens: int = opt(
+        0,
+        "fuse the output head with the loss, computed this many tokens at a time, so the whole "
+        "logits tensor never exists; 0 = off (not with tensor parallel)",
+    )
 
     def validate(self) -> None:
         super().validate()
+        _check(
+            self.loss_chunk_tokens >= 0,
+            f"--training.loss_chunk_tokens must be >= 0 (0 = off); got {self.loss_chunk_tokens}",
+        )
         for key in ("seq_len", "local_batch_size", "steps", "gc_freq"):
             value = getattr(self, key)
             _check(value > 0, f"--training.{key} must be positive; got {value}")
@@ -397,10 +406,15 @@ class JobConfig:
     comm: Comm = field(default_factory=Comm)
 
     def validate(self) -> None:
-        """Checks that need nothing but the config itself (no files, no devices). Every check
-        today belongs to one section; cross-section checks would follow the loop."""
+        """Checks that need nothing but the config itself (no files, no devices): each
+        section's, then those across sections."""
         for section in dataclasses.fields(self):
             getattr(self, section.name).validate()
+        _check(
+            self.training.loss_chunk_tokens == 0 or self.parallelism.tensor_parallel_degree == 1,
+            "--training.loss_chunk_tokens does not combine with tensor parallelism (loss parallel "
+            "already splits the logits over the TP ranks); set it to 0",
+        )
 
     def to_toml(self) -> str:
         lines = []

@@ -18,13 +18,13 @@ from torchtitan import runtime
 from torchtitan.checkpoint import CheckpointManager, TrainState, save_seed_checkpoint
 from torchtitan.config import JobConfig, parse_args
 from torchtitan.data.loader import build_dataloader
-from torchtitan.loss import cross_entropy_sum, loss_context
+from torchtitan.loss import cross_entropy_sum, linear_cross_entropy_sum, loss_context
 from torchtitan.metrics import MetricsLogger, StepStats
 from torchtitan.model_build import build_model_parts, build_seed_model, per_step_loss
 from torchtitan.models.llama3.hf import load_hf_weights
 from torchtitan.observability import flight_recorder
 from torchtitan.observability.fault_injection import FaultInjector
-from torchtitan.observability.numerics import NonFiniteError, check_finite
+from torchtitan.observability.numerics import NonFiniteError, NonFiniteGuard
 from torchtitan.observability.profiling import maybe_profile
 from torchtitan.optim import build_lr_scheduler, build_optimizer, clip_grad_norm
 from torchtitan.parallel.context_parallel import cp_context
@@ -67,13 +67,11 @@ class Trainer:
         self.tokenizer, self.model_args = job.tokenizer, job.model_args
         self.dims, self.accum_steps = job.dims, job.accum_steps
         self.dump_folder = Path(cfg.job.dump_folder)
-        summed_loss = cross_entropy_sum
-        if cfg.compile.enable and cfg.compile.loss:
-            summed_loss = torch.compile(cross_entropy_sum)
-        self.step_loss = per_step_loss(summed_loss, self._loss_tokens)
+        self.step_loss = per_step_loss(self._summed_loss, self._loss_tokens)
         self.model_parts, self.schedule, self.stage_plan = build_model_parts(
             cfg, self.model_args, self.dims, self.device, self.step_loss
         )
+        self._logits_loss, self._fused_head = self._choose_loss()
         self.dataloader = self._build_dataloader()
         # One optimizer (and lr schedule) per model part: a pipeline rank may hold several stages.
         self.optimizers = [
@@ -83,12 +81,34 @@ class Trainer:
         self.lr_schedulers = [
             build_lr_scheduler(opt, cfg.training.steps, cfg.lr_scheduler) for opt in self.optimizers
         ]
+        self.nonfinite = NonFiniteGuard(cfg.training.on_nonfinite, self.optimizers, logger)
         self.train_state = TrainState()
         self.checkpointer = self._build_checkpointer()
         self.step = self.checkpointer.load()
         if cfg.checkpoint.initial_load_in_hf and not self.checkpointer.resumed:
             load_hf_weights(self.model_parts, cfg.checkpoint.initial_load_path, self.model_args)
         self.metrics = self._build_metrics()
+
+    def _choose_loss(self):
+        """-> (summed loss of logits, or None; the head whose weight the fused loss uses, or
+        None). With ``training.loss_chunk_tokens`` the parts stop before the head."""
+        if self.cfg.training.loss_chunk_tokens:
+            heads = [part.output for part in self.model_parts if part.output is not None]
+            for part in self.model_parts:
+                part.defer_head = True
+            return None, (heads[0] if heads else None)
+        if self.cfg.compile.enable and self.cfg.compile.loss:
+            return torch.compile(cross_entropy_sum), None
+        return cross_entropy_sum, None
+
+    def _summed_loss(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The summed token loss of the last stage's output: logits, or hidden states when the
+        head is fused into the loss."""
+        if self._fused_head is None:
+            return self._logits_loss(output, labels)
+        chunk = self.cfg.training.loss_chunk_tokens
+        with self._autocast():  # the head's matmuls in bf16, as in the model's own forward
+            return linear_cross_entropy_sum(output, self._fused_head.weight, labels, chunk)
 
     def _build_dataloader(self):
         t = self.cfg.training
@@ -243,27 +263,21 @@ class Trainer:
         loss, data_seconds = self.forward_backward(data_iter)
         params = [p for part in self.model_parts for p in part.parameters()]
         pp_group = self.dims.mesh("pp").get_group() if self.dims.pp > 1 else None
+        # The previous step's non-finite flags: its kernels have run by now, no GPU stall.
+        self.nonfinite.resolve()
         grad_norm = clip_grad_norm(params, self.cfg.training.max_norm, pp_group)
         lr = self.lr_schedulers[0].get_last_lr()[0]
         # Both values are global (data-parallel mean loss, global norm): every rank decides alike.
-        loss_value, norm_value = loss.item(), grad_norm.item()
-        skip = check_finite(loss_value, norm_value, self.step, self.cfg.training.on_nonfinite)
-        if skip == "skip":
-            logger.warning(
-                "step %d skipped: non-finite loss %g or grad norm %g",
-                self.step,
-                loss_value,
-                norm_value,
-            )
+        apply_update = self.nonfinite.before_optimizer_step(self.step, loss, grad_norm)
         for optimizer, lr_scheduler in zip(self.optimizers, self.lr_schedulers):
-            if skip != "skip":
+            if apply_update:
                 optimizer.step()
             lr_scheduler.step()
             optimizer.zero_grad(set_to_none=True)
         return StepStats(
             step=self.step,
-            loss=loss_value,
-            grad_norm=norm_value,
+            loss=loss,
+            grad_norm=grad_norm,
             lr=lr,
             # A data-parallel group's tokens are processed by its tp x cp x pp devices together.
             tokens=self._tokens_per_step // self.dims.model_parallel_size,
@@ -283,7 +297,9 @@ class Trainer:
             t.seq_len,
             self.accum_steps,
         )
-        losses = []
+        first = self.step
+        # Device-side loss history: read once at the end, not with a sync per step.
+        history = torch.full((max(t.steps - first, 0),), float("nan"), device=self.device)
         # After checkpointer.load(): the loader applies a loaded state to the next iterator.
         data_iter = iter(self.dataloader)
         traces = flight_recorder.trace_folder(self.cfg.comm, self.cfg.job.dump_folder)
@@ -301,17 +317,25 @@ class Trainer:
                 self.faults.at_step_start(self.step)
                 stats = self.train_step(data_iter)
                 profiler.step()
-                losses.append(stats.loss)
+                history[self.step - first - 1] = stats.loss
+                last_step = self.step == t.steps
+                if self.metrics.should_log(self.step) or self.checkpointer.should_save(
+                    self.step, last_step
+                ):
+                    self.nonfinite.resolve()  # nothing is logged or saved past a bad step
                 self.metrics.record(stats)
                 self.train_state.step = self.step
                 self.train_state.tokens_seen += self._tokens_per_step * self.dims.dp_degree
-                saved = self.checkpointer.save(self.step, last_step=self.step == t.steps)
+                saved = self.checkpointer.save(self.step, last_step=last_step)
                 if first_step and dist.is_initialized():
                     flight_recorder.set_train_timeout(self.cfg.comm.train_timeout_seconds)
                     first_step = False
                 if preemption.requested():
+                    self.nonfinite.resolve()
                     self._stop_for_preemption(saved)
+        self.nonfinite.resolve()
         self.checkpointer.close()
+        losses = history.tolist()
         if losses:
             logger.info("training done: %d steps, final loss %.4f", self.step, losses[-1])
         return losses
