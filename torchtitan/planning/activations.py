@@ -47,7 +47,7 @@ def ac_kind(ac_mode: str, save_matmuls: str) -> str:
 
 
 def block_bytes_per_token(
-    model: ModelArgs,
+    model: ModelArgs | Shapes,
     kind: str,
     tp: int = 1,
     cp: int = 1,
@@ -88,7 +88,7 @@ def _block_bytes(w: Shapes, kind, tp, cp, bf16, autocast, compiled) -> float:
     return total
 
 
-def recompute_bytes_per_token(model: ModelArgs, kind: str, **kwargs) -> float:
+def recompute_bytes_per_token(model: ModelArgs | Shapes, kind: str, **kwargs) -> float:
     """Transient peak while one checkpointed block recomputes and runs its backward."""
     if kind == "none":
         return 0.0
@@ -97,7 +97,7 @@ def recompute_bytes_per_token(model: ModelArgs, kind: str, **kwargs) -> float:
     )
 
 
-def block_fixed_bytes(model: ModelArgs, kind: str, autocast: bool, tp: int = 1) -> float:
+def block_fixed_bytes(model: ModelArgs | Shapes, kind: str, autocast: bool, tp: int = 1) -> float:
     """Per-block bytes that do not scale with tokens: under autocast without AC, the bf16 copies of
     the block's weights that its matmuls save (selective AC recomputes the casts)."""
     if not autocast or kind != "none":
@@ -115,7 +115,7 @@ FINAL_NORM_BYTES_PER_DIM = 8  # eager final RMSNorm (fp32 internals) + the head'
 
 
 def loss_peak_bytes_per_token(
-    model: ModelArgs,
+    model: ModelArgs | Shapes,
     compiled_loss: bool,
     vocab_shards: int = 1,
     loss_chunks: int = 1,
@@ -129,5 +129,7 @@ def loss_peak_bytes_per_token(
     logits, loss_part = LOSS_BYTES_PER_VOCAB["compiled" if compiled_loss else "eager"]
     if not bf16:
         logits, loss_part = 4.0, loss_part + 4.0
-    vocab = model.vocab_size / vocab_shards
-    return vocab * (logits + loss_part / loss_chunks) + FINAL_NORM_BYTES_PER_DIM * model.dim
+    w = shapes(model)
+    return w.vocab / vocab_shards * (logits + loss_part / loss_chunks) + (
+        FINAL_NORM_BYTES_PER_DIM * w.dim
+    )

@@ -4,11 +4,13 @@ and from the trainer's config keys."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
 from torchtitan.config import JobConfig
 from torchtitan.models.llama3 import ModelArgs, get_model_args
+from torchtitan.planning.shapes import Shapes, shapes
 
 
 @dataclass(frozen=True)
@@ -184,6 +186,10 @@ class Workload:
             reshard_policy=p.fsdp_reshard_after_forward,
             loss_chunks=getattr(t, "loss_chunks", 1),  # the chunked loss's field, once it exists
         )
+
+    @functools.cached_property
+    def shape(self) -> Shapes:
+        return shapes(self.model)
 
     def with_(self, **changes) -> Workload:
         return dataclasses.replace(self, **changes)

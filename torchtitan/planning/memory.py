@@ -10,6 +10,7 @@ since the measured figure is ``torch.cuda.max_memory_reserved``.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -24,7 +25,7 @@ from torchtitan.planning.activations import (
 )
 from torchtitan.planning.layout import Layout, Workload
 from torchtitan.planning.schedules import RankStages, inflight_chunks, rank_stages
-from torchtitan.planning.shapes import shapes
+from torchtitan.planning.shapes import Shapes, shapes
 
 GIB = 2**30
 
@@ -38,9 +39,13 @@ class ParamCounts:
     head: float  # final norm + output projection
 
 
-def param_counts(model: ModelArgs, tp: int) -> ParamCounts:
+def param_counts(model: ModelArgs | Shapes, tp: int) -> ParamCounts:
     """TP shards every projection and the embedding; the RMSNorm weights are replicated."""
-    s = shapes(model)
+    return _param_counts(shapes(model), tp)
+
+
+@functools.lru_cache(maxsize=256)
+def _param_counts(s: Shapes, tp: int) -> ParamCounts:
     return ParamCounts(
         block=(s.block_params - 2 * s.dim) / tp + 2 * s.dim,
         embedding=s.vocab * s.dim / tp,
@@ -48,7 +53,7 @@ def param_counts(model: ModelArgs, tp: int) -> ParamCounts:
     )
 
 
-def rank_params(model: ModelArgs, tp: int, stages: RankStages) -> float:
+def rank_params(model: ModelArgs | Shapes, tp: int, stages: RankStages) -> float:
     counts = param_counts(model, tp)
     total = stages.n_blocks * counts.block
     total += counts.embedding if stages.embedding else 0
@@ -89,7 +94,7 @@ def estimate_memory(work: Workload, layout: Layout) -> MemoryEstimate:
 
 def _rank_memory(work: Workload, layout: Layout, stages: RankStages) -> MemoryEstimate:
     parts: dict[str, float] = {}
-    params = rank_params(work.model, layout.tp, stages)
+    params = rank_params(work.shape, layout.tp, stages)
     shard = layout.fsdp_degree if layout.data_parallel else 1
     parts["weights (fp32)"] = 4 * params / shard
     parts["optimizer state"] = cal.OPTIMIZER_BYTES_PER_PARAM * params / shard
@@ -125,7 +130,7 @@ def _working_weights(work: Workload, layout: Layout, stages: RankStages, params:
     """
     if not work.bf16:
         return 0.0
-    counts = param_counts(work.model, layout.tp)
+    counts = param_counts(work.shape, layout.tp)
     head = counts.head if stages.head else 0.0
     if not layout.data_parallel:
         return 2 * head
@@ -142,7 +147,7 @@ def _comm_buffers(work: Workload, layout: Layout, stages: RankStages) -> float:
     gradients in the reduce dtype). PP adds its send/receive buffers per in-flight chunk."""
     total = 0.0
     if layout.data_parallel and work.bf16:
-        counts = param_counts(work.model, layout.tp)
+        counts = param_counts(work.shape, layout.tp)
         largest = max(
             counts.block,
             counts.embedding if stages.embedding else 0,
@@ -152,7 +157,7 @@ def _comm_buffers(work: Workload, layout: Layout, stages: RankStages) -> float:
         total += cal.FSDP_STREAM_GROUPS * largest * (2 + grad_bytes)
     if layout.pp > 1:
         tokens = layout.microbatch_size * work.seq_len / layout.cp
-        total += 2 * 2 * tokens * work.model.dim / layout.tp * stages.n_stages
+        total += 2 * 2 * tokens * work.shape.dim / layout.tp * stages.n_stages
     return total
 
 
@@ -177,7 +182,7 @@ def _checkpointed_blocks(layout: Layout, n_blocks: int) -> tuple[str, int]:
 def _stage_bytes(work: Workload, layout: Layout, n_blocks: int, tokens: float) -> float:
     kind, n_kind = _checkpointed_blocks(layout, n_blocks)
     kwargs = _block_kwargs(work, layout)
-    model = work.model
+    model = work.shape
     autocast = kwargs["autocast"]
     total = n_kind * (
         block_bytes_per_token(model, kind, **kwargs) * tokens
@@ -204,13 +209,13 @@ def _loss_or_recompute(work: Workload, layout: Layout, stages: RankStages) -> tu
     checkpointed block's recompute."""
     tokens = layout.microbatch_size * work.seq_len / layout.cp
     kind, _ = _checkpointed_blocks(layout, max(stages.layers))
-    recompute = recompute_bytes_per_token(work.model, kind, **_block_kwargs(work, layout)) * tokens
+    recompute = recompute_bytes_per_token(work.shape, kind, **_block_kwargs(work, layout)) * tokens
     if not stages.head:
         return "block recompute", recompute
     compiled_loss = work.compile and work.compile_loss
     shards = layout.tp if work.loss_parallel else 1
     per_token = loss_peak_bytes_per_token(
-        work.model, compiled_loss, shards, work.loss_chunks, work.bf16
+        work.shape, compiled_loss, shards, work.loss_chunks, work.bf16
     )
     loss = per_token * tokens
     return ("logits + loss", loss) if loss >= recompute else ("block recompute", recompute)

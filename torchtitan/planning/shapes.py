@@ -34,12 +34,18 @@ class Shapes:
             "w2": f * d,
         }
 
-    @property
+    @functools.cached_property
+    def block_linear(self) -> int:
+        return sum(self.linears.values())
+
+    @functools.cached_property
     def block_params(self) -> int:
-        return sum(self.linears.values()) + 2 * self.dim  # + the two RMSNorm weights
+        return self.block_linear + 2 * self.dim  # + the two RMSNorm weights
 
 
-def shapes(model: ModelArgs) -> Shapes:
+def shapes(model: ModelArgs | Shapes) -> Shapes:
+    if isinstance(model, Shapes):
+        return model
     return _shapes(
         model.dim,
         model.n_layers,

@@ -9,14 +9,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from torchtitan.models.llama3 import ModelArgs
 from torchtitan.planning import calibration as cal
 from torchtitan.planning.activations import ac_kind
 from torchtitan.planning.hardware import Hardware
 from torchtitan.planning.layout import Layout, Workload
 from torchtitan.planning.memory import param_counts, rank_params
 from torchtitan.planning.schedules import RankStages, bubble_fraction, rank_stages
-from torchtitan.planning.shapes import shapes
+from torchtitan.planning.shapes import Shapes
 
 
 @dataclass
@@ -44,7 +43,7 @@ class TimeEstimate:
 RECOMPUTED = {"none": (), "all": (), "alternate": ("wk", "wo", "w3")}
 
 
-def _recomputed_share(model: ModelArgs, layout: Layout) -> tuple[float, float]:
+def _recomputed_share(model: Shapes, layout: Layout) -> tuple[float, float]:
     """(share of block forward matmul FLOPs, share of attention forward) that AC recomputes."""
     kind = ac_kind(layout.ac_mode, layout.save_matmuls)
     if layout.ac_mode == "selective" and layout.ac_option != "op":
@@ -52,28 +51,27 @@ def _recomputed_share(model: ModelArgs, layout: Layout) -> tuple[float, float]:
         return share, share
     if kind == "full":
         return 1.0, 1.0
-    linear = shapes(model).linears
-    return sum(linear[n] for n in RECOMPUTED[kind]) / sum(linear.values()), 0.0
+    linear = model.linears
+    return sum(linear[n] for n in RECOMPUTED[kind]) / model.block_linear, 0.0
 
 
 def _compute_seconds(work: Workload, layout: Layout, hw: Hardware, stages: RankStages) -> float:
     """Matmuls, attention and the loss of one rank for one optimizer step."""
-    model, peak = work.model, hw.card.tflops * 1e12
+    model, peak = work.shape, hw.card.tflops * 1e12
     tokens = layout.local_batch_size * work.seq_len * work.accum_steps(layout) / layout.cp
     mm_share, attn_share = _recomputed_share(model, layout)
-    block_mm = 2 * sum(shapes(model).linears.values()) / layout.tp  # forward FLOPs per token
-    attn = 2 * work.seq_len * model.n_heads * model.head_dim / layout.tp  # causal forward
+    block_mm = 2 * model.block_linear / layout.tp  # forward FLOPs per token
+    attn = 2 * work.seq_len * model.q / layout.tp  # causal forward
     blocks = stages.n_blocks * tokens
     speedup = cal.FLOAT8_MATMUL_SPEEDUP if work.float8 else 1.0
     seconds = blocks * block_mm * (3 + mm_share) / (cal.MATMUL_EFFICIENCY * peak * speedup)
     attn_eff = cal.attention_efficiency(model.head_dim, work.seq_len / layout.cp)
     seconds += blocks * attn * (3 + attn_share) / (attn_eff * peak)
     if stages.head:
-        seconds += (
-            tokens * 6 * model.vocab_size * model.dim / layout.tp / (cal.MATMUL_EFFICIENCY * peak)
-        )
+        head_flops = tokens * 6 * model.vocab * model.dim / layout.tp
+        seconds += head_flops / (cal.MATMUL_EFFICIENCY * peak)
         kind = "compiled" if work.compile and work.compile_loss else "eager"
-        vocab = model.vocab_size / (layout.tp if work.loss_parallel else 1)
+        vocab = model.vocab / (layout.tp if work.loss_parallel else 1)
         traffic = cal.LOSS_TRAFFIC_BYTES_PER_VOCAB[kind] * vocab * tokens
         seconds += traffic / (hw.card.hbm_gbps * 1e9 * cal.HBM_EFFICIENCY)
     if not work.compile:
@@ -92,7 +90,7 @@ def _fsdp_seconds(work: Workload, layout: Layout, hw: Hardware, stages: RankStag
     """(total, not overlappable) seconds of FSDP/HSDP/DDP traffic per step."""
     if not layout.data_parallel:
         return 0.0, 0.0
-    params = rank_params(work.model, layout.tp, stages)
+    params = rank_params(work.shape, layout.tp, stages)
     n = layout.fsdp_degree
     shard_bw = hw.link_gbps(n, layout.tp)
     grad_bytes = 4 if work.reduce_fp32 else 2
@@ -109,14 +107,14 @@ def _fsdp_seconds(work: Workload, layout: Layout, hw: Hardware, stages: RankStag
     if r > 1:
         rep_bw = hw.link_gbps(r, layout.dp_shard * layout.cp * layout.tp)
         total += 2 * _ring_seconds(grad_bytes * params / n, r, rep_bw)
-    counts = param_counts(work.model, layout.tp)
+    counts = param_counts(work.shape, layout.tp)
     largest = max(counts.embedding, counts.block) / max(params, 1)
     return total, largest * (gather + reduce)
 
 
 def _tp_cp_pp_seconds(work: Workload, layout: Layout, hw: Hardware, stages: RankStages) -> float:
     """Exposed seconds of TP collectives, CP ring exchange and PP sends per step."""
-    model = work.model
+    model = work.shape
     micro_tokens = layout.microbatch_size * work.seq_len / layout.cp
     n_micro = layout.n_microbatches * work.accum_steps(layout)
     seconds = 0.0
@@ -127,7 +125,7 @@ def _tp_cp_pp_seconds(work: Workload, layout: Layout, hw: Hardware, stages: Rank
         tp_bw = hw.link_gbps(layout.tp, 1)
         seconds += cal.TP_EXPOSED * n_micro * count * _ring_seconds(size, layout.tp, tp_bw)
     if layout.cp > 1:
-        kv = 2 * model.kv_heads * model.head_dim * 2 * micro_tokens * layout.cp / layout.tp
+        kv = 2 * model.kv * 2 * micro_tokens * layout.cp / layout.tp
         cp_bw = hw.link_gbps(layout.cp, layout.tp)
         ring = 3 * _ring_seconds(kv, layout.cp, cp_bw)  # forward gather, backward gather + RS
         seconds += cal.CP_EXPOSED * n_micro * stages.n_blocks * ring
@@ -157,7 +155,7 @@ def layout_efficiency(layout: Layout) -> float:
 def _rank_parts(work: Workload, layout: Layout, hw: Hardware, stages: RankStages) -> dict:
     compute = _compute_seconds(work, layout, hw, stages)
     fsdp_total, fsdp_edges = _fsdp_seconds(work, layout, hw, stages)
-    params = rank_params(work.model, layout.tp, stages)
+    params = rank_params(work.shape, layout.tp, stages)
     shard = layout.fsdp_degree if layout.data_parallel else 1
     hbm = hw.card.hbm_gbps * 1e9 * cal.HBM_EFFICIENCY
     return {
