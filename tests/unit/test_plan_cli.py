@@ -9,7 +9,10 @@ import torch
 
 from torchtitan.config import parse_args
 from torchtitan.plan import main as plan_main
-from torchtitan.planning.layout import Layout
+from torchtitan.planning.command import planned_config, run_train_command
+from torchtitan.planning.hardware import make_hardware
+from torchtitan.planning.layout import Layout, Workload
+from torchtitan.planning.search import search
 from torchtitan.preflight import main as preflight
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -133,3 +136,30 @@ def test_preflight_memory_check_can_be_skipped_and_passes_jobs_that_fit(capsys, 
 def test_preflight_on_cpu_prints_no_estimate(capsys):
     assert preflight(["--job.config_file", str(ROOT / "train_configs/debug_model.toml")]) == 0
     assert "memory plan" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "config_args",
+    [
+        [],
+        [
+            "--parallelism.pipeline_parallel_degree",
+            "2",
+            "--parallelism.pipeline_parallel_split_points",
+            "3",
+        ],
+        ["--training.global_batch_size", "32", "--activation_checkpoint.selective_ac_option", "2"],
+    ],
+)
+def test_every_planned_command_parses_back_to_its_layout(config_args):
+    """The printed command line, parsed by the trainer, runs exactly the planned job."""
+    cfg = parse_args(config_args)
+    hw = make_hardware(4, card="H100")
+    plan = search(cfg, Workload.from_config(cfg).with_(compile=True, compile_loss=True), hw)
+    assert plan.fits
+    for candidate in plan.fits[:: max(1, len(plan.fits) // 40)]:  # a spread of 40 layouts
+        job = planned_config(cfg, candidate.layout, plan.global_batch)
+        cmd = run_train_command(job, "", hw)
+        parsed = parse_args(shlex.split(cmd.split("./run_train.sh", 1)[1]))
+        assert Layout.from_config(parsed, 4) == Layout.from_config(job, 4), cmd
+        assert parsed.training.global_batch_size in (-1, plan.global_batch)
