@@ -126,6 +126,9 @@ class Job(Section):
     config_file: str = opt("", "TOML file with the job's options (CLI overrides win)")
     dump_folder: str = opt("./outputs", "folder for logs, TensorBoard, configs and checkpoints")
     description: str = opt("", "free-text description, logged at start")
+    skip_memory_check: bool = opt(
+        False, "launch even if preflight estimates more memory per GPU than the GPU has"
+    )
 
 
 @dataclass

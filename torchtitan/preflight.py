@@ -29,6 +29,7 @@ from torchtitan.parallel.pipeline import (
     plan_stages,
 )
 from torchtitan.parallel.tensor_parallel import check_tp_degree
+from torchtitan.planning.fit import check_memory
 
 USER_ERRORS = (ConfigError, DataError, TokenizerError)
 
@@ -157,7 +158,9 @@ def check_job(cfg: JobConfig, world_size: int) -> CheckedJob:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        check_job(parse_args(argv), world_size=int(os.environ.get("WORLD_SIZE", "1")))
+        cfg, world_size = parse_args(argv), int(os.environ.get("WORLD_SIZE", "1"))
+        check_job(cfg, world_size)
+        check_memory(cfg, world_size)  # CUDA only: the planner's estimate against the GPU
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
