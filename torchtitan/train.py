@@ -19,12 +19,12 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
 from torchtitan.checkpoint import CheckpointManager, TrainState, save_seed_checkpoint
+from torchtitan.checkpoint.hf_load import load_hf_weights
 from torchtitan.config import JobConfig, parse_args
 from torchtitan.data.loader import build_dataloader
 from torchtitan.loss import cross_entropy_sum, loss_context
 from torchtitan.metrics import MetricsLogger, StepStats
 from torchtitan.models.llama3 import Transformer
-from torchtitan.models.llama3.hf import load_hf_weights
 from torchtitan.observability import flight_recorder
 from torchtitan.observability.fault_injection import maybe_inject
 from torchtitan.observability.numerics import NonFiniteError, check_finite
