@@ -1,19 +1,26 @@
 """Typed job configuration: defaults < TOML file < command-line overrides.
 
 Every option is a dataclass field with a one-line help text (``opt(default, help)``), which
-``--help`` prints. ``parse_args`` reads ``--job.config_file`` first, then applies the TOML file,
-then the CLI overrides, then validates; every user mistake raises ``ConfigError`` with one line.
+``--help`` prints. A field with a fixed set of values is typed with one of the ``Literal``
+aliases below: that alias is the only list of its values (other modules import it, see
+``choices``), and the value is checked as soon as it is read. ``parse_args`` reads
+``--job.config_file`` first, then applies the TOML file, then the CLI overrides, then runs
+``JobConfig.validate()`` (each section checks itself); every user mistake raises ``ConfigError``
+with one line. This module imports no other project module.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import sys
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -21,6 +28,49 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 ASSETS = Path(__file__).resolve().parent / "assets"
+
+# --------------------------------------------------------------------------- allowed values
+
+ModelName = Literal["llama3"]
+OptimizerName = Literal["AdamW", "Adam"]
+OptimizerImplementation = Literal["auto", "fused", "foreach", "for-loop"]
+DecayType = Literal["linear", "cosine", "none"]
+MixedPrecisionDtype = Literal["bfloat16", "float32"]
+NonFinitePolicy = Literal["stop", "skip"]
+RotateMethod = Literal["allgather", "alltoall"]
+PipelineSchedule = Literal[
+    "GPipe",
+    "1F1B",
+    "Interleaved1F1B",
+    "LoopedBFS",
+    "InterleavedZeroBubble",
+    "ZBVZeroBubble",
+    "DualPipeV",
+    "CSV",
+]
+ReshardAfterForward = Literal["default", "always", "never"]
+AsyncMode = Literal["disabled", "async", "async_with_pinned_mem"]
+ExcludableState = Literal["optimizer", "lr_scheduler", "dataloader", "train_state"]
+ExportDtype = Literal["float32", "bfloat16", "float16"]
+ACMode = Literal["none", "full", "selective"]
+SaveMatmuls = Literal["all", "alternate"]
+
+
+def choices(alias) -> tuple[str, ...]:
+    """The allowed values of a ``Literal`` alias, in declaration order."""
+    if typing.get_origin(alias) is not Literal:
+        raise TypeError(f"choices() expects a Literal alias; got {alias!r}")
+    return typing.get_args(alias)
+
+
+def suggest(name: str, candidates: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the candidate closest to ``name`` (ignoring case), or ``""``.
+
+    The one "did you mean" of the project: config keys and values, model flavors and fields.
+    """
+    by_folded = {c.lower(): c for c in candidates}
+    close = difflib.get_close_matches(str(name).lower(), list(by_folded), n=1, cutoff=0.5)
+    return f"; did you mean '{by_folded[close[0]]}'?" if close else ""
 
 
 class ConfigError(ValueError):
@@ -34,42 +84,94 @@ def opt(default, help: str):
     return field(default=default, metadata={"help": help})
 
 
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def _not_one_of(key: str, value, allowed: tuple[str, ...]) -> ConfigError:
+    return ConfigError(
+        f"--{key} must be one of {', '.join(allowed)}; got {value!r}{suggest(str(value), allowed)}"
+    )
+
+
+def _literal_values(tp) -> tuple[str, ...] | None:
+    """The allowed values of a ``Literal`` or ``list[Literal]`` field type, else None."""
+    if typing.get_origin(tp) is list:
+        (tp,) = typing.get_args(tp)
+    return typing.get_args(tp) if typing.get_origin(tp) is Literal else None
+
+
+class Section:
+    """Base of the config sections: ``validate()`` checks every ``Literal`` field's value (also
+    one set in Python, which no parser saw); sections with more checks extend it."""
+
+    def validate(self) -> None:
+        section = _section_name(type(self))
+        for name, tp in typing.get_type_hints(type(self)).items():
+            allowed = _literal_values(tp)
+            if allowed is None:
+                continue
+            value = getattr(self, name)
+            for item in value if isinstance(value, list) else [value]:
+                if item not in allowed:
+                    raise _not_one_of(f"{section}.{name}", item, allowed)
+
+
+# --------------------------------------------------------------------------- sections
+
+
 @dataclass
-class Job:
+class Job(Section):
     config_file: str = opt("", "TOML file with the job's options (CLI overrides win)")
     dump_folder: str = opt("./outputs", "folder for logs, TensorBoard, configs and checkpoints")
     description: str = opt("", "free-text description, logged at start")
 
 
 @dataclass
-class Model:
-    name: str = opt("llama3", "model family")
+class Model(Section):
+    name: ModelName = opt("llama3", "model family")
     flavor: str = opt("debugmodel", "model size: debugmodel, 1B, 3B, 8B, 70B, 405B")
     tokenizer_path: str = opt(str(ASSETS / "tokenizer.model"), "Llama 3 format tokenizer.model")
 
 
 @dataclass
-class Optimizer:
-    name: str = opt("AdamW", "AdamW or Adam")
+class Optimizer(Section):
+    name: OptimizerName = opt("AdamW", "optimizer algorithm")
     lr: float = opt(8e-4, "peak learning rate")
     beta1: float = opt(0.9, "Adam beta1")
     beta2: float = opt(0.95, "Adam beta2")
     eps: float = opt(1e-8, "Adam epsilon")
     weight_decay: float = opt(0.1, "decoupled weight decay (AdamW) or L2 penalty (Adam)")
-    implementation: str = opt(
-        "auto", "auto (fused on CUDA, foreach on CPU), fused, foreach, for-loop"
+    implementation: OptimizerImplementation = opt(
+        "auto", "kernel; auto = fused on CUDA, foreach on CPU"
     )
 
+    def validate(self) -> None:
+        super().validate()
+        _check(self.lr >= 0, f"--optimizer.lr must be >= 0; got {self.lr}")
+
 
 @dataclass
-class LRScheduler:
+class LRScheduler(Section):
     warmup_steps: int = opt(200, "linear warmup steps from lr/warmup_steps to lr")
-    decay_type: str = opt("linear", "decay after warmup until training.steps: linear, cosine, none")
+    decay_type: DecayType = opt("linear", "decay after warmup until training.steps")
     min_lr_ratio: float = opt(0.0, "final lr as a fraction of the peak lr")
 
+    def validate(self) -> None:
+        super().validate()
+        _check(
+            self.warmup_steps >= 0,
+            f"--lr_scheduler.warmup_steps must be >= 0; got {self.warmup_steps}",
+        )
+        _check(
+            0 <= self.min_lr_ratio <= 1,
+            f"--lr_scheduler.min_lr_ratio must be in [0, 1]; got {self.min_lr_ratio}",
+        )
+
 
 @dataclass
-class Training:
+class Training(Section):
     dataset: str = opt("sample", "sample (bundled), c4, hf:ID[:CONFIG], or a local file/folder")
     text_field: str = opt("text", "column holding the document text")
     seq_len: int = opt(2048, "tokens per sample")
@@ -77,28 +179,38 @@ class Training:
     global_batch_size: int = opt(-1, "samples per optimizer step; -1 = local_batch_size x DP")
     steps: int = opt(10000, "optimizer steps to train")
     max_norm: float = opt(1.0, "gradient-norm clipping threshold; <= 0 disables clipping")
-    mixed_precision_param: str = opt("bfloat16", "compute dtype on GPU: bfloat16 or float32")
-    mixed_precision_reduce: str = opt("float32", "gradient reduction dtype: float32 or bfloat16")
+    mixed_precision_param: MixedPrecisionDtype = opt("bfloat16", "compute dtype on GPU")
+    mixed_precision_reduce: MixedPrecisionDtype = opt("float32", "gradient reduction dtype")
     seed: int = opt(0, "random seed for weights and anything else random")
     deterministic: bool = opt(False, "use deterministic algorithms (slower)")
     gc_freq: int = opt(50, "run Python's garbage collector every N steps (it is off otherwise)")
-    on_nonfinite: str = opt("stop", "on a NaN/Inf loss or grad norm: stop (one-line error) or skip")
+    on_nonfinite: NonFinitePolicy = opt(
+        "stop", "on a NaN/Inf loss or grad norm: stop (one-line error) or skip the step"
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        for key in ("seq_len", "local_batch_size", "steps", "gc_freq"):
+            value = getattr(self, key)
+            _check(value > 0, f"--training.{key} must be positive; got {value}")
+        _check(
+            self.global_batch_size == -1 or self.global_batch_size > 0,
+            f"--training.global_batch_size must be positive or -1; got {self.global_batch_size}",
+        )
 
 
 @dataclass
-class Parallelism:
+class Parallelism(Section):
     data_parallel_replicate_degree: int = opt(1, "replicas of the model (DDP / HSDP outer dim)")
     data_parallel_shard_degree: int = opt(-1, "FSDP shard degree; -1 = whatever is left")
     tensor_parallel_degree: int = opt(1, "tensor + sequence parallel degree")
     context_parallel_degree: int = opt(1, "context parallel degree")
-    context_parallel_rotate_method: str = opt(
-        "allgather", "how ring attention exchanges K/V shards: allgather or alltoall"
+    context_parallel_rotate_method: RotateMethod = opt(
+        "allgather", "how ring attention exchanges K/V shards"
     )
     pipeline_parallel_degree: int = opt(1, "pipeline parallel degree")
-    pipeline_parallel_schedule: str = opt(
-        "1F1B",
-        "GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, "
-        "DualPipeV, or CSV (read pipeline_parallel_schedule_csv)",
+    pipeline_parallel_schedule: PipelineSchedule = opt(
+        "1F1B", "pipeline schedule; CSV reads pipeline_parallel_schedule_csv"
     )
     pipeline_parallel_schedule_csv: str = opt("", "with schedule CSV: the schedule file")
     pipeline_parallel_microbatch_size: int = opt(1, "samples per pipeline microbatch")
@@ -111,9 +223,8 @@ class Parallelism:
     pipeline_parallel_layers_per_stage: int = opt(
         0, "layers per stage (sets the stage count); 0 = balanced split"
     )
-    fsdp_reshard_after_forward: str = opt(
-        "default",
-        "free gathered weights after forward: default (yes, except under PP), always, never",
+    fsdp_reshard_after_forward: ReshardAfterForward = opt(
+        "default", "free gathered weights after forward; default = yes, except under PP"
     )
     disable_loss_parallel: bool = opt(False, "with TP: gather the logits instead of loss parallel")
     enable_async_tensor_parallel: bool = opt(
@@ -122,22 +233,18 @@ class Parallelism:
 
 
 @dataclass
-class Checkpoint:
+class Checkpoint(Section):
     enable: bool = opt(False, "save checkpoints to folder and resume from the latest one")
     folder: str = opt("checkpoint", "checkpoint folder, relative to job.dump_folder")
     interval: int = opt(500, "with enable: save every N steps (and at the last step)")
-    async_mode: str = opt(
-        "disabled", "disabled, async (write in the background) or async_with_pinned_mem (CUDA)"
+    async_mode: AsyncMode = opt(
+        "disabled", "async writes in the background; async_with_pinned_mem also needs CUDA"
     )
     keep_latest_k: int = opt(0, "keep the K newest step folders, delete older (0 = keep all)")
     load_step: int = opt(-1, "step to resume from; -1 = the latest complete one")
-    exclude_from_loading: list[str] = opt(
-        [], "states not restored on resume: optimizer, lr_scheduler, dataloader, train_state"
-    )
+    exclude_from_loading: list[ExcludableState] = opt([], "states not restored on resume")
     last_save_model_only: bool = opt(False, "at the last step save only the model weights")
-    export_dtype: str = opt(
-        "float32", "dtype of last_save_model_only weights: float32, bfloat16, float16"
-    )
+    export_dtype: ExportDtype = opt("float32", "dtype of last_save_model_only weights")
     create_seed_checkpoint: bool = opt(
         False, "write the initial weights to folder/step-0 from one process, then exit"
     )
@@ -150,12 +257,7 @@ class Checkpoint:
     )
 
     def validate(self) -> None:
-        _check_choice(
-            "checkpoint.async_mode", self.async_mode, ("disabled", "async", "async_with_pinned_mem")
-        )
-        _check_choice(
-            "checkpoint.export_dtype", self.export_dtype, ("float32", "bfloat16", "float16")
-        )
+        super().validate()
         _check(self.interval > 0, f"--checkpoint.interval must be positive; got {self.interval}")
         _check(
             self.keep_latest_k >= 0,
@@ -169,36 +271,46 @@ class Checkpoint:
             self.load_step == -1 or self.enable,
             "--checkpoint.load_step needs --checkpoint.enable",
         )
-        excludable = ("optimizer", "lr_scheduler", "dataloader", "train_state")
-        for name in self.exclude_from_loading:
-            _check_choice("checkpoint.exclude_from_loading", name, excludable)
 
 
 @dataclass
-class ActivationCheckpoint:
-    mode: str = opt("none", "none, full or selective")
+class ActivationCheckpoint(Section):
+    mode: ACMode = opt("none", "which blocks recompute their activations in backward")
     selective_ac_option: str = opt("op", "with mode=selective: 'op' or N (every N-th block)")
-    save_matmuls: str = opt(
+    save_matmuls: SaveMatmuls = opt(
         "all",
-        "selective op: keep 'all' matmul outputs, or every other one per block ('alternate': less "
+        "selective op: keep every matmul output, or every other one per block (alternate: less "
         "memory, some recompute)",
     )
 
+    def validate(self) -> None:
+        super().validate()
+        option = self.selective_ac_option
+        _check(
+            self.mode != "selective" or option == "op" or (option.isdigit() and int(option) > 0),
+            "--activation_checkpoint.selective_ac_option must be 'op' or a positive integer N; "
+            f"got {option!r}",
+        )
+
 
 @dataclass
-class Compile:
+class Compile(Section):
     enable: bool = opt(False, "torch.compile each transformer block")
     loss: bool = opt(False, "with enable: also compile the loss")
 
 
 @dataclass
-class Metrics:
+class Metrics(Section):
     log_freq: int = opt(10, "log metrics every N steps")
     enable_tensorboard: bool = opt(True, "write TensorBoard events under dump_folder/tb")
 
+    def validate(self) -> None:
+        super().validate()
+        _check(self.log_freq > 0, f"--metrics.log_freq must be positive; got {self.log_freq}")
+
 
 @dataclass
-class Profiling:
+class Profiling(Section):
     enable_profiling: bool = opt(False, "write torch.profiler traces every profile_freq steps")
     save_traces_folder: str = opt(
         "profile_traces", "profiler traces folder (iteration_N/rankR_trace.json), under dump_folder"
@@ -214,6 +326,7 @@ class Profiling:
     )
 
     def validate(self) -> None:
+        super().validate()
         if not (self.enable_profiling or self.enable_memory_snapshot):
             return
         _check(
@@ -235,7 +348,7 @@ class Profiling:
 
 
 @dataclass
-class Comm:
+class Comm(Section):
     init_timeout_seconds: int = opt(
         300, "collective timeout in seconds until the first step is done (compile, warm-up)"
     )
@@ -255,6 +368,7 @@ class Comm:
     )
 
     def validate(self) -> None:
+        super().validate()
         for key in ("init_timeout_seconds", "train_timeout_seconds", "dump_wait_seconds"):
             value = getattr(self, key)
             _check(value > 0, f"--comm.{key} must be positive; got {value}")
@@ -279,6 +393,12 @@ class JobConfig:
     profiling: Profiling = field(default_factory=Profiling)
     comm: Comm = field(default_factory=Comm)
 
+    def validate(self) -> None:
+        """Checks that need nothing but the config itself (no files, no devices). Every check
+        today belongs to one section; cross-section checks would follow the loop."""
+        for section in dataclasses.fields(self):
+            getattr(self, section.name).validate()
+
     def to_toml(self) -> str:
         lines = []
         for section in dataclasses.fields(self):
@@ -296,12 +416,20 @@ class JobConfig:
 _BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
+class _NoValue:
+    """A CLI flag given without a value (``--compile.enable``): only a bool may be bare."""
+
+
 def _field_types(section_cls) -> dict[str, type]:
     return typing.get_type_hints(section_cls)
 
 
 def _sections() -> dict[str, type]:
     return {f.name: typing.get_type_hints(JobConfig)[f.name] for f in dataclasses.fields(JobConfig)}
+
+
+def _section_name(section_cls) -> str:
+    return next(name for name, cls in _sections().items() if cls is section_cls)
 
 
 def _type_name(tp) -> str:
@@ -316,6 +444,10 @@ def _coerce(key: str, value, tp):
         if value is None or (isinstance(value, str) and value.lower() in ("none", "")):
             return None
         return _coerce(key, value, args[0])
+    if origin is Literal:
+        if isinstance(value, str) and value in typing.get_args(tp):
+            return value
+        raise _not_one_of(key, value, typing.get_args(tp))
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         items = value.split(",") if isinstance(value, str) else value
@@ -365,31 +497,43 @@ def _toml_value(value) -> str:
 
 # --------------------------------------------------------------------------- key lookup
 
+_CLI = "command line"
+
 
 def _all_keys() -> list[str]:
     return [f"{s}.{k}" for s, cls in _sections().items() for k in _field_types(cls)]
 
 
 def _unknown_key(key: str, where: str) -> ConfigError:
-    close = difflib.get_close_matches(key, _all_keys(), n=1, cutoff=0.5)
-    hint = f"; did you mean '{close[0]}'?" if close else "; see --help for the valid keys"
+    hint = suggest(key, _all_keys()) or "; see --help for the valid keys"
     return ConfigError(f"unknown config key '{key}' ({where}){hint}")
 
 
 def _set(cfg: JobConfig, key: str, value, where: str) -> None:
+    """Set one option; ``where`` is "command line" or the TOML file the value came from."""
     section_name, _, name = key.partition(".")
     sections = _sections()
     if section_name not in sections or name not in _field_types(sections[section_name]):
         raise _unknown_key(key, where)
     tp = _field_types(sections[section_name])[name]
-    setattr(getattr(cfg, section_name), name, _coerce(key, value, tp))
+    if isinstance(value, _NoValue):
+        if tp is not bool:
+            raise ConfigError(f"--{key} needs a value")
+        value = True
+    try:
+        coerced = _coerce(key, value, tp)
+    except ConfigError as e:
+        if where == _CLI:
+            raise
+        raise ConfigError(f"{e} (in {where})") from None
+    setattr(getattr(cfg, section_name), name, coerced)
 
 
 # --------------------------------------------------------------------------- sources
 
 
 def _split_cli(argv: list[str]) -> list[tuple[str, object]]:
-    """['--a.b', '1', '--c.d=2', '--flag'] -> [('a.b', '1'), ('c.d', '2'), ('flag', True)]."""
+    """['--a.b', '1', '--c.d=2', '--flag'] -> [('a.b', '1'), ('c.d', '2'), ('flag', _NoValue())]."""
     pairs, i = [], 0
     while i < len(argv):
         arg = argv[i]
@@ -402,7 +546,7 @@ def _split_cli(argv: list[str]) -> list[tuple[str, object]]:
             key, value = arg, argv[i + 1]
             i += 1
         else:
-            key, value = arg, True  # bare flag: only valid for bools, checked in _coerce
+            key, value = arg, _NoValue()  # bare flag: only valid for bools, checked in _set
         pairs.append((key, value))
         i += 1
     return pairs
@@ -429,108 +573,48 @@ def _apply_toml(cfg: JobConfig, data: dict, path: str) -> None:
             _set(cfg, f"{section_name}.{name}", value, path)
 
 
+def _field_help(f: dataclasses.Field, tp) -> str:
+    allowed = _literal_values(tp)
+    if allowed is None:
+        return f.metadata["help"]
+    quantifier = "any" if typing.get_origin(tp) is list else "one"
+    return f"{f.metadata['help']} ({quantifier} of: {', '.join(allowed)})"
+
+
 def help_text() -> str:
     lines = ["usage: python -m torchtitan.train [--section.key VALUE ...]", ""]
     for section_name, cls in _sections().items():
         lines.append(f"[{section_name}]")
-        defaults = cls()
+        defaults, types_ = cls(), _field_types(cls)
         for f in dataclasses.fields(cls):
             default = _toml_value(getattr(defaults, f.name))
-            lines.append(f"  --{section_name}.{f.name} ({default})\n      {f.metadata['help']}")
+            lines.append(
+                f"  --{section_name}.{f.name} ({default})\n      {_field_help(f, types_[f.name])}"
+            )
     return "\n".join(lines)
+
+
+def _print_help() -> None:
+    try:
+        print(help_text(), flush=True)
+    except BrokenPipeError:  # `--help | head` closed the pipe; exit quietly, like other tools
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def parse_args(argv: list[str] | None = None) -> JobConfig:
     """Build the config from defaults, the TOML file and CLI overrides, then validate it."""
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
-        print(help_text())
+        _print_help()
         raise SystemExit(0)
     cli = _split_cli(argv)
     cfg = JobConfig()
     for key, value in cli:
         if key == "job.config_file":
-            _set(cfg, key, value, "command line")
+            _set(cfg, key, value, _CLI)
     if cfg.job.config_file:
         _apply_toml(cfg, _read_toml(cfg.job.config_file), cfg.job.config_file)
     for key, value in cli:
-        _set(cfg, key, value, "command line")
-    validate(cfg)
+        _set(cfg, key, value, _CLI)
+    cfg.validate()
     return cfg
-
-
-# --------------------------------------------------------------------------- validation
-
-
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
-
-
-def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
-    _check(value in choices, f"--{key} must be one of {', '.join(choices)}; got {value!r}")
-
-
-def validate(cfg: JobConfig) -> None:
-    """Checks that need nothing but the config itself (no files, no devices)."""
-    t, o, s = cfg.training, cfg.optimizer, cfg.lr_scheduler
-    _check(t.seq_len > 0, f"--training.seq_len must be positive; got {t.seq_len}")
-    _check(
-        t.local_batch_size > 0,
-        f"--training.local_batch_size must be positive; got {t.local_batch_size}",
-    )
-    _check(
-        t.global_batch_size == -1 or t.global_batch_size > 0,
-        f"--training.global_batch_size must be positive or -1; got {t.global_batch_size}",
-    )
-    _check(t.steps > 0, f"--training.steps must be positive; got {t.steps}")
-    _check(t.gc_freq > 0, f"--training.gc_freq must be positive; got {t.gc_freq}")
-    _check_choice("training.on_nonfinite", t.on_nonfinite, ("stop", "skip"))
-    _check_choice(
-        "training.mixed_precision_param", t.mixed_precision_param, ("bfloat16", "float32")
-    )
-    _check_choice(
-        "training.mixed_precision_reduce", t.mixed_precision_reduce, ("bfloat16", "float32")
-    )
-    _check_choice("optimizer.name", o.name, ("AdamW", "Adam"))
-    _check_choice(
-        "optimizer.implementation", o.implementation, ("auto", "fused", "foreach", "for-loop")
-    )
-    _check(o.lr >= 0, f"--optimizer.lr must be >= 0; got {o.lr}")
-    _check(s.warmup_steps >= 0, f"--lr_scheduler.warmup_steps must be >= 0; got {s.warmup_steps}")
-    _check_choice("lr_scheduler.decay_type", s.decay_type, ("linear", "cosine", "none"))
-    _check(
-        0 <= s.min_lr_ratio <= 1,
-        f"--lr_scheduler.min_lr_ratio must be in [0, 1]; got {s.min_lr_ratio}",
-    )
-    _check(
-        cfg.metrics.log_freq > 0, f"--metrics.log_freq must be positive; got {cfg.metrics.log_freq}"
-    )
-    _check_choice("model.name", cfg.model.name, ("llama3",))
-    _check_choice(
-        "parallelism.context_parallel_rotate_method",
-        cfg.parallelism.context_parallel_rotate_method,
-        ("allgather", "alltoall"),
-    )
-    _check_choice(
-        "parallelism.fsdp_reshard_after_forward",
-        cfg.parallelism.fsdp_reshard_after_forward,
-        ("default", "always", "never"),
-    )
-    ac = cfg.activation_checkpoint
-    _check_choice("activation_checkpoint.mode", ac.mode, ("none", "full", "selective"))
-    _check(
-        ac.mode != "selective"
-        or ac.selective_ac_option == "op"
-        or _positive_int(ac.selective_ac_option),
-        "--activation_checkpoint.selective_ac_option must be 'op' or a positive integer N; "
-        f"got {ac.selective_ac_option!r}",
-    )
-    _check_choice("activation_checkpoint.save_matmuls", ac.save_matmuls, ("all", "alternate"))
-    cfg.checkpoint.validate()
-    cfg.comm.validate()
-    cfg.profiling.validate()
-
-
-def _positive_int(text: str) -> bool:
-    return text.isdigit() and int(text) > 0

@@ -10,7 +10,6 @@ Prints ``CHECKPOINT-DIST OK`` on rank 0 at the end. Usage: torchrun ... checkpoi
 """
 
 import logging
-import os
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -32,7 +31,7 @@ from torchtitan.loss import loss_context
 from torchtitan.models.llama3 import ModelArgs, Transformer
 from torchtitan.optim import build_lr_scheduler, build_optimizer
 from torchtitan.parallel.dims import ParallelDims
-from torchtitan.parallel.parallelize import parallelize_llama
+from torchtitan.parallel.llama import parallelize_llama
 
 SEQ_LEN = 16
 GLOBAL_BATCH = 8
@@ -164,5 +163,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":  # required: async_save may spawn helpers that re-import __main__
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     main()

@@ -1,7 +1,6 @@
 """CheckpointManager in one process: round trips, atomicity, fallback, keep-k, export, async."""
 
 import logging
-import os
 import pickle
 import shutil
 from pathlib import Path
@@ -11,9 +10,6 @@ import torch
 import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from torch.distributed.checkpoint.api import CheckpointException
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from torchtitan.checkpoint import (  # noqa: E402
     CheckpointError,

@@ -2,7 +2,17 @@ from pathlib import Path
 
 import pytest
 
-from torchtitan.config import ConfigError, JobConfig, help_text, parse_args
+from torchtitan.config import (
+    ActivationCheckpoint,
+    ConfigError,
+    DecayType,
+    JobConfig,
+    PipelineSchedule,
+    choices,
+    help_text,
+    parse_args,
+    suggest,
+)
 
 
 def write(tmp_path, text, name="job.toml"):
@@ -55,9 +65,15 @@ def test_config_file_flag_position_does_not_matter(tmp_path):
         (["--training.steps", "abc"], "--training.steps expects int, got 'abc'"),
         (["--training.seq_len", "0"], "seq_len must be positive"),
         (["--compile.enable", "maybe"], "expects bool"),
-        (["--training.steps"], "expects int, got True"),
+        (["--training.steps"], "--training.steps needs a value"),
+        (["--training.steps", "--compile.enable"], "--training.steps needs a value"),
         (["training.steps", "3"], "unexpected argument"),
-        (["--optimizer.name", "SGD"], "--optimizer.name must be one of AdamW, Adam"),
+        (["--optimizer.name", "SGD"], "--optimizer.name must be one of AdamW, Adam; got 'SGD'"),
+        (
+            ["--lr_scheduler.decay_type", "cosin"],
+            "--lr_scheduler.decay_type must be one of linear, cosine, none; got 'cosin'; "
+            "did you mean 'cosine'?",
+        ),
         (
             ["--job.config_file", "/nonexistent/x.toml"],
             "config file not found: /nonexistent/x.toml",
@@ -77,8 +93,12 @@ def test_toml_errors(tmp_path):
     with pytest.raises(ConfigError, match=r"unknown config key 'training.steeps' .*training.steps"):
         parse_args(["--job.config_file", bad_key])
     bad_type = write(tmp_path, '[training]\nsteps = "many"\n', "t.toml")
-    with pytest.raises(ConfigError, match="expects int"):
+    with pytest.raises(ConfigError) as info:
         parse_args(["--job.config_file", bad_type])
+    assert str(info.value) == f"--training.steps expects int, got 'many' (in {bad_type})"
+    bad_choice = write(tmp_path, '[optimizer]\nname = "SGD"\n', "c.toml")
+    with pytest.raises(ConfigError, match=r"must be one of AdamW, Adam; got 'SGD' \(in .*c.toml\)"):
+        parse_args(["--job.config_file", bad_choice])
     bad_syntax = write(tmp_path, "[training\nsteps = 3\n", "s.toml")
     with pytest.raises(ConfigError, match="not valid TOML"):
         parse_args(["--job.config_file", bad_syntax])
@@ -119,3 +139,66 @@ def test_shipped_configs_parse():
     assert len(files) >= 5
     for path in files:
         parse_args(["--job.config_file", path])
+
+
+def test_bare_flag_sets_a_bool_to_true():
+    cfg = parse_args(["--compile.enable", "--training.deterministic"])
+    assert cfg.compile.enable is True and cfg.training.deterministic is True
+
+
+def test_unknown_pipeline_schedule_rejected_without_pipeline_parallelism():
+    with pytest.raises(ConfigError) as info:
+        parse_args(["--parallelism.pipeline_parallel_schedule", "Interleaved1f1b"])
+    message = str(info.value)
+    assert message.startswith("--parallelism.pipeline_parallel_schedule must be one of GPipe, 1F1B")
+    assert message.endswith("got 'Interleaved1f1b'; did you mean 'Interleaved1F1B'?")
+    assert parse_args([]).parallelism.pipeline_parallel_degree == 1
+    for schedule in choices(PipelineSchedule):
+        args = ["--parallelism.pipeline_parallel_schedule", schedule]
+        assert parse_args(args).parallelism.pipeline_parallel_schedule == schedule
+
+
+def test_list_of_choices_is_checked_per_item():
+    cfg = parse_args(["--checkpoint.exclude_from_loading", "optimizer,dataloader"])
+    assert cfg.checkpoint.exclude_from_loading == ["optimizer", "dataloader"]
+    with pytest.raises(ConfigError, match="exclude_from_loading must be one of .*; got 'model'"):
+        parse_args(["--checkpoint.exclude_from_loading", "optimizer,model"])
+
+
+def test_validate_checks_choices_set_in_python():
+    cfg = JobConfig()
+    cfg.lr_scheduler.decay_type = "cosin"
+    with pytest.raises(ConfigError, match="--lr_scheduler.decay_type must be one of linear, cos"):
+        cfg.validate()
+    cfg = JobConfig()
+    cfg.checkpoint.exclude_from_loading = ["train_state", "model"]
+    with pytest.raises(ConfigError, match="exclude_from_loading must be one of .*; got 'model'"):
+        cfg.validate()
+    cfg = JobConfig()
+    cfg.parallelism.pipeline_parallel_schedule = "GPipeline"
+    with pytest.raises(ConfigError, match="did you mean 'GPipe'"):
+        cfg.validate()
+
+
+def test_section_validate_runs_its_own_checks():
+    ActivationCheckpoint(mode="selective", selective_ac_option="2").validate()
+    with pytest.raises(ConfigError, match="selective_ac_option must be 'op' or a positive"):
+        ActivationCheckpoint(mode="selective", selective_ac_option="0").validate()
+    with pytest.raises(ConfigError, match="--activation_checkpoint.mode must be one of none"):
+        ActivationCheckpoint(mode="partial").validate()
+
+
+def test_choices_and_suggest():
+    assert choices(DecayType) == ("linear", "cosine", "none")
+    with pytest.raises(TypeError):
+        choices(str)
+    assert suggest("cosin", choices(DecayType)) == "; did you mean 'cosine'?"
+    assert suggest("8b", ["debugmodel", "1B", "8B"]) == "; did you mean '8B'?"  # any case
+    assert suggest("zzzz", choices(DecayType)) == ""
+
+
+def test_help_prints_the_allowed_values():
+    text = help_text()
+    assert '--lr_scheduler.decay_type ("linear")' in text
+    assert "(one of: linear, cosine, none)" in text
+    assert "(any of: optimizer, lr_scheduler, dataloader, train_state)" in text

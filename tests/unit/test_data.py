@@ -1,7 +1,6 @@
 import itertools
 import json
 import logging
-import os
 import random
 import time
 from pathlib import Path
@@ -11,10 +10,7 @@ import pyarrow.parquet
 import pytest
 import torch
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-
-from torchtitan.data import (  # noqa: E402
+from torchtitan.data import (
     DataError,
     DatasetSource,
     TextDataset,
@@ -22,7 +18,7 @@ from torchtitan.data import (  # noqa: E402
     build_dataloader,
     resolve_source,
 )
-from torchtitan.data.text import SAMPLE_CORPUS  # noqa: E402
+from torchtitan.data.text import SAMPLE_CORPUS
 
 ASSETS = Path(__file__).resolve().parents[2] / "torchtitan" / "assets"
 SEQ_LEN = 16

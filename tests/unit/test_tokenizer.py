@@ -1,14 +1,10 @@
 import base64
-import os
 import time
 from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-
-from torchtitan.data.tokenizer import Tokenizer, TokenizerError  # noqa: E402
+from torchtitan.data.tokenizer import Tokenizer, TokenizerError
 
 BUNDLED = Path(__file__).resolve().parents[2] / "torchtitan" / "assets" / "tokenizer.model"
 

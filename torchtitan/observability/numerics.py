@@ -6,7 +6,9 @@ import math
 
 import torch
 
-POLICIES = ("stop", "skip")
+from torchtitan.config import NonFinitePolicy, choices
+
+POLICIES = choices(NonFinitePolicy)
 
 
 class NonFiniteError(RuntimeError):

@@ -17,12 +17,13 @@ import torch.nn as nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+from torchtitan.config import SaveMatmuls, choices
 from torchtitan.parallel.blocks import replace_blocks
 
 aten = torch.ops.aten
 
 
-SAVE_MATMULS = ("all", "alternate")
+SAVE_MATMULS = choices(SaveMatmuls)
 _MATMULS = {aten.mm.default, aten.addmm.default, aten.bmm.default}
 
 

@@ -1,8 +1,9 @@
 """Llama 3 model hyperparameters and the published model shapes."""
 
 import dataclasses
-import difflib
 from dataclasses import dataclass
+
+from torchtitan.config import suggest
 
 
 @dataclass(kw_only=True)
@@ -150,24 +151,19 @@ MODEL_FLAVORS: dict[str, ModelArgs] = {
 }
 
 
-def _did_you_mean(name: str, choices) -> str:
-    match = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.0)
-    return f"did you mean '{match[0]}'? " if match else ""
-
-
 def get_model_args(flavor: str, **overrides) -> ModelArgs:
     """A validated copy of a named flavor, with some fields replaced."""
     if flavor not in MODEL_FLAVORS:
         raise ValueError(
-            f"unknown model flavor '{flavor}'; {_did_you_mean(flavor, MODEL_FLAVORS)}"
-            f"choose one of: {', '.join(MODEL_FLAVORS)}"
+            f"unknown model flavor '{flavor}' (choose one of: {', '.join(MODEL_FLAVORS)})"
+            f"{suggest(flavor, MODEL_FLAVORS)}"
         )
     fields = [f.name for f in dataclasses.fields(ModelArgs)]
     for key in overrides:
         if key not in fields:
             raise ValueError(
-                f"unknown model field '{key}'; {_did_you_mean(key, fields)}"
-                f"valid fields: {', '.join(fields)}"
+                f"unknown model field '{key}' (valid fields: {', '.join(fields)})"
+                f"{suggest(key, fields)}"
             )
     args = dataclasses.replace(MODEL_FLAVORS[flavor], **overrides)
     args.validate()

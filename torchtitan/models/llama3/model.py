@@ -98,6 +98,17 @@ def apply_rope(
     return _rotate_pairs(xq, cos, sin), _rotate_pairs(xk, cos, sin)
 
 
+def native_gqa(x: torch.Tensor) -> bool:
+    """Whether SDPA's flash kernel will take grouped K/V heads as they are (``enable_gqa``).
+
+    That saves the n_rep-times larger K/V copies (memory saved for backward, bandwidth, and the
+    K/V that ring attention exchanges). It holds on CPU and for 16-bit CUDA inputs; for fp32 on
+    CUDA the efficient kernel runs, which lacks GQA, and ``enable_gqa`` would fall back to the
+    math kernel (a full seq x seq attention matrix), so K/V are repeated instead.
+    """
+    return x.device.type == "cpu" or x.dtype in (torch.bfloat16, torch.float16)
+
+
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     """(bs, seqlen, n_kv_heads, head_dim) -> (bs, seqlen, n_kv_heads * n_rep, head_dim)."""
     if n_rep == 1:
@@ -125,10 +136,12 @@ class Attention(nn.Module):
         xq, xk = apply_rope(xq, xk, rope_cache)
 
         n_rep = xq.shape[2] // xk.shape[2]
-        xk, xv = repeat_kv(xk, n_rep), repeat_kv(xv, n_rep)
+        gqa = n_rep > 1 and native_gqa(xq)
+        if n_rep > 1 and not gqa:
+            xk, xv = repeat_kv(xk, n_rep), repeat_kv(xv, n_rep)
 
         q, k, v = (t.transpose(1, 2) for t in (xq, xk, xv))  # (bs, heads, seqlen, head_dim)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         out = out.transpose(1, 2).reshape(bs, seqlen, -1)
         return self.wo(out)
 
