@@ -25,7 +25,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
-STATES = ("model", "optimizer", "lr_scheduler", "dataloader", "train_state")
+from torchtitan.config import ExcludableState, choices
+
+STATES = ("model", *choices(ExcludableState))
 # Identical on every rank by design, so rank 0 alone writes them (one copy, rank-independent).
 GLOBAL_STATES = ("lr_scheduler", "dataloader", "train_state")
 # Optimizer param_group entries that describe the implementation, not the training state: the

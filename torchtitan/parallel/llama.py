@@ -26,6 +26,7 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 
+from torchtitan.dtypes import DTYPES
 from torchtitan.parallel.activation_checkpoint import apply_ac
 from torchtitan.parallel.compile import apply_compile
 from torchtitan.parallel.fsdp import apply_fsdp
@@ -40,9 +41,6 @@ if TYPE_CHECKING:  # only annotations: keeps the config module free to import pa
 LLAMA_BLOCKS = "layers"  # an nn.ModuleDict of TransformerBlock, keys "0".."n_layers-1"
 LLAMA_INPUT_MODULES = ("tok_embeddings",)
 LLAMA_OUTPUT_MODULES = ("norm", "output")
-
-# Until torchtitan/dtypes.py (the one name -> dtype map) lands and replaces it.
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def llama_block_plan() -> dict[str, ParallelStyle]:
