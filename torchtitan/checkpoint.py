@@ -50,6 +50,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.stateful import Stateful
 
 from torchtitan.config import Checkpoint, ConfigError
+from torchtitan.parallel.float8 import plain_weights
 
 try:  # torch >= 2.9: staging into (pinned) CPU buffers that are reused across saves
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
@@ -183,7 +184,7 @@ class ModelState(Stateful):
     def state_dict(self) -> dict[str, Any]:
         merged, self._keys = {}, []
         for part in self.parts:
-            state = get_model_state_dict(part)
+            state = plain_weights(get_model_state_dict(part))  # no float8 wrapper saved
             self._keys.append(list(state))
             merged.update(state)
         return merged

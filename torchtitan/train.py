@@ -33,6 +33,7 @@ from torchtitan.optim import build_lr_scheduler, build_optimizer, clip_grad_norm
 from torchtitan.parallel.activation_checkpoint import apply_ac
 from torchtitan.parallel.compile import apply_compile, use_per_rank_compile_cache
 from torchtitan.parallel.context_parallel import cp_context
+from torchtitan.parallel.float8 import apply_float8, precompute_float8_scales
 from torchtitan.parallel.parallelize import parallelize_llama
 from torchtitan.parallel.pipeline import (
     StagePlan,
@@ -127,6 +128,7 @@ class Trainer:
             run_id=self.run_id,
             enable_tensorboard=cfg.metrics.enable_tensorboard,
             enabled=self.rank == 0,
+            float8=cfg.float8.enable,
         )
 
     # ----------------------------------------------------------------------- building
@@ -202,6 +204,8 @@ class Trainer:
         cfg = self.cfg
         if dist.is_initialized():
             return parallelize_llama(model, self.dims, cfg, self.device.type)
+        if cfg.float8.enable:
+            apply_float8(model, cfg.float8)
         ac = cfg.activation_checkpoint
         apply_ac(model, ac.mode, ac.selective_ac_option, save_matmuls=ac.save_matmuls)
         if cfg.compile.enable:
@@ -350,6 +354,7 @@ class Trainer:
 
     def train_step(self, data_iter) -> StepStats:
         maybe_inject("delay", self.step, self.rank)
+        precompute_float8_scales(self.model_parts, self.cfg.float8)
         loss, data_seconds = self.forward_backward(data_iter)
         params = [p for part in self.model_parts for p in part.parameters()]
         pp_group = self.dims.mesh("pp").get_group() if self.dims.pp > 1 else None

@@ -16,16 +16,26 @@ from torchtitan.config import JobConfig
 from torchtitan.parallel.activation_checkpoint import apply_ac
 from torchtitan.parallel.compile import apply_compile
 from torchtitan.parallel.dims import ParallelDims
+from torchtitan.parallel.float8 import apply_float8, float8_tp_plan
 from torchtitan.parallel.fsdp import apply_fsdp
-from torchtitan.parallel.tensor_parallel import apply_tp, enable_async_tp, llama_root_plan
+from torchtitan.parallel.tensor_parallel import (
+    apply_tp,
+    enable_async_tp,
+    llama_block_plan,
+    llama_root_plan,
+)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def parallelize_llama(model: nn.Module, dims: ParallelDims, cfg: JobConfig, device_type: str):
     p = cfg.parallelism
+    if cfg.float8.enable:  # first: TP styles and FSDP wrap the swapped-in Float8Linear modules
+        apply_float8(model, cfg.float8, fsdp_sharded=dims.fsdp_degree > 1)
     if dims.tp > 1:
-        apply_tp(model, dims.mesh("tp"), root_plan=llama_root_plan(not p.disable_loss_parallel))
+        block_plan = llama_block_plan(float8=float8_tp_plan(model, cfg.float8, device_type))
+        root_plan = llama_root_plan(not p.disable_loss_parallel)
+        apply_tp(model, dims.mesh("tp"), root_plan=root_plan, block_plan=block_plan)
         if p.enable_async_tensor_parallel:
             enable_async_tp()
     ac = cfg.activation_checkpoint

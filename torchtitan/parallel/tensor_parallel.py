@@ -22,26 +22,32 @@ from torch.distributed.tensor.parallel import (
 )
 
 from torchtitan.parallel.blocks import block_items
+from torchtitan.parallel.float8 import float8_tp_styles
 
 
-def llama_block_plan() -> dict[str, ParallelStyle]:
+def llama_block_plan(float8: bool = False) -> dict[str, ParallelStyle]:
+    """With ``float8`` (tensorwise float8 linears), torchao's styles cast each sub-layer's input
+    to float8 before the sequence all-gather, so TP moves half the bytes."""
+    colwise, rowwise, prepare_input = (
+        float8_tp_styles() if float8 else (ColwiseParallel, RowwiseParallel, PrepareModuleInput)
+    )
     return {
         "attention_norm": SequenceParallel(),
         # (hidden states, rope cache): gather the sequence, leave the rope cache alone.
-        "attention": PrepareModuleInput(
+        "attention": prepare_input(
             input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
         ),
-        "attention.wq": ColwiseParallel(),
-        "attention.wk": ColwiseParallel(),
-        "attention.wv": ColwiseParallel(),
-        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "attention.wq": colwise(),
+        "attention.wk": colwise(),
+        "attention.wv": colwise(),
+        "attention.wo": rowwise(output_layouts=Shard(1)),
         "ffn_norm": SequenceParallel(),
-        "feed_forward": PrepareModuleInput(
+        "feed_forward": prepare_input(
             input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
         ),
-        "feed_forward.w1": ColwiseParallel(),
-        "feed_forward.w3": ColwiseParallel(),
-        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        "feed_forward.w1": colwise(),
+        "feed_forward.w3": colwise(),
+        "feed_forward.w2": rowwise(output_layouts=Shard(1)),
     }
 
 
