@@ -1,18 +1,21 @@
-"""Parallelize your own model with torchtitan's helpers: TP/SP + AC (+ compile) + FSDP2.
+"""Parallelize your own model with torchtitan's helpers: PP + TP/SP + AC (+ compile) + FSDP2.
 
 The model below is a small GPT-2-style transformer, deliberately *not* Llama: pre-LayerNorm
 blocks (with biases) held in ``model.blocks`` (an ``nn.ModuleList``), learned position
 embeddings, a fused qkv projection and a GELU MLP. None of its module names match Llama's, so it
-brings its own tensor-parallel plan and tells every helper where its blocks live
-(``blocks_attr="blocks"``).
+brings its own tensor-parallel plan and tells every helper where its parts live
+(``blocks_attr="blocks"``, its embeddings and its norm + head).
 
-Run it as the single-process reference, then as 2 (data parallel) x 2 (tensor parallel):
+Run it as the single-process reference, then as 2 (data parallel) x 2 (tensor parallel), or as
+2 (pipeline stages) x 2 (data parallel):
 
     python examples/parallelize_custom_model.py --out ref.json
     torchrun --standalone --nproc_per_node=4 examples/parallelize_custom_model.py \
         --tp 2 --ac selective --out dp2_tp2.json
+    torchrun --standalone --nproc_per_node=4 examples/parallelize_custom_model.py \
+        --pp 2 --pp-schedule 1F1B --out pp2_dp2.json
 
-Both write the same per-step losses (up to float rounding): every layout starts from the same
+All write the same per-step losses (up to float rounding): every layout starts from the same
 weights and trains on the same global batch. ``tests/distributed/test_custom_model_example.py``
 checks exactly that. ``docs/parallelism.md`` explains each step.
 """
@@ -45,6 +48,15 @@ from torch.distributed.tensor.parallel import (
 
 from torchtitan.optim import clip_grad_norm
 from torchtitan.parallel import apply_ac, apply_compile, apply_fsdp, apply_tp
+from torchtitan.parallel.blocks import block_items
+from torchtitan.parallel.pipeline import (
+    SINGLE_STAGE,
+    build_pipeline_stage,
+    build_schedule,
+    build_stage_module,
+    check_microbatches,
+    plan_stages,
+)
 
 # --------------------------------------------------------------------------------------- model
 
@@ -117,12 +129,23 @@ class TinyGPT(nn.Module):
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)  # not tied to wte
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (bs, seqlen) -> logits (bs, seqlen, vocab)."""
-        positions = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0)
-        x = self.wte(tokens) + self.wpe(positions)
+        """tokens (bs, seqlen) -> logits (bs, seqlen, vocab).
+
+        As a pipeline stage (see ``build_stage_module``): without the embeddings (None) the input
+        is the previous stage's hidden states (bs, seqlen, dim); without the norm and head it
+        returns hidden states. The loop only calls the blocks, so a block of another stage (a
+        placeholder that returns its input) changes nothing.
+        """
+        if self.wte is None:
+            x = tokens
+        else:
+            positions = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0)
+            x = self.wte(tokens) + self.wpe(positions)
         for block in self.blocks:
             x = block(x)
-        return self.lm_head(self.ln_f(x))
+        if self.ln_f is not None:
+            x = self.ln_f(x)
+        return x if self.lm_head is None else self.lm_head(x)
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -181,6 +204,15 @@ def gpt_root_plan() -> dict[str, ParallelStyle]:
 
 # ---------------------------------------------------------------------------- parallelizing
 
+# Where TinyGPT keeps its parts, for the helpers that group or cut the model around them.
+GPT_BLOCKS = "blocks"
+GPT_INPUT_MODULES = ("wte", "wpe")  # first pipeline stage; one FSDP group
+GPT_OUTPUT_MODULES = ("ln_f", "lm_head")  # last pipeline stage; one FSDP group
+
+
+def mesh_size(mesh: DeviceMesh | None, name: str) -> int:
+    return mesh[name].size() if mesh is not None else 1
+
 
 def parallelize(
     model: TinyGPT,
@@ -188,25 +220,58 @@ def parallelize(
     ac_mode: str,
     compile_blocks: bool,
 ) -> None:
-    """TP -> AC -> compile -> FSDP, the order torchtitan's ``parallelize_llama`` uses."""
-    tp = mesh["tp"].size() if mesh is not None else 1
-    dp = mesh["dp"].size() if mesh is not None else 1
-    if tp > 1:
-        apply_tp(model, mesh["tp"], gpt_root_plan(), gpt_block_plan(), blocks_attr="blocks")
-    apply_ac(model, ac_mode, blocks_attr="blocks")
+    """TP -> AC -> compile -> FSDP, the order torchtitan's ``parallelize_llama`` uses. ``model``
+    may be a pipeline stage: the helpers skip the parts it lacks."""
+    if mesh_size(mesh, "tp") > 1:
+        apply_tp(model, mesh["tp"], gpt_root_plan(), gpt_block_plan(), GPT_BLOCKS)
+    apply_ac(model, ac_mode, blocks_attr=GPT_BLOCKS)
     if compile_blocks:
-        apply_compile(model, blocks_attr="blocks")
-    if dp > 1:
+        apply_compile(model, GPT_BLOCKS, clone_first_input=mesh_size(mesh, "tp") > 1)
+    if mesh_size(mesh, "dp") > 1:
         # fp32 here so the run matches the fp32 reference; bf16 params are the GPU default.
         apply_fsdp(
             model,
             mesh["dp"],
             param_dtype=torch.float32,
             reduce_dtype=torch.float32,
-            blocks_attr="blocks",
-            input_group=("wte", "wpe"),
-            output_group=("ln_f", "lm_head"),
+            pipeline_parallel=mesh_size(mesh, "pp") > 1,
+            blocks_attr=GPT_BLOCKS,
+            input_group=GPT_INPUT_MODULES,
+            output_group=GPT_OUTPUT_MODULES,
         )
+
+
+# ----------------------------------------------------------------------- pipeline parallel
+
+
+def pipeline_stage(model: TinyGPT, mesh: DeviceMesh, device, args, local_batch: int):
+    """Cut this rank's stage out of the (meta) model: its share of the blocks, the embeddings
+    iff first, the norm + head iff last. Parallelize it like a whole model and hand it to a
+    schedule that runs it with the other pipeline ranks' stages. -> (stage, schedule, plan)."""
+    pp = mesh["pp"].size()
+    plan = plan_stages(model.cfg.n_layers, pp, mesh["pp"].get_local_rank(), args.pp_schedule)
+    try:
+        check_microbatches(args.pp_schedule, args.microbatches, pp, plan.num_stages)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    if local_batch % args.microbatches:
+        raise SystemExit(f"--microbatches {args.microbatches} must divide {local_batch}")
+    (stage_id,) = plan.stage_ids  # GPipe and 1F1B: one stage per rank
+    first, last = plan.has_first(), plan.has_last()
+    stage = build_stage_module(
+        model, plan.layers[stage_id], first, last, GPT_BLOCKS, GPT_INPUT_MODULES, GPT_OUTPUT_MODULES
+    )
+    parallelize(stage, mesh, args.ac, args.compile)
+    tokens = local_batch * args.seq_len
+
+    def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        # Summed over the microbatch, divided by the local batch's tokens: the microbatch
+        # losses (and gradients) add up to those of the local batch's mean loss.
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum") / tokens
+
+    runner = build_pipeline_stage(stage, stage_id, plan, device, mesh["pp"].get_group())
+    schedule = build_schedule(args.pp_schedule, [runner], args.microbatches, loss_fn)
+    return stage, schedule, plan
 
 
 # ------------------------------------------------------------------------------------ data
@@ -231,7 +296,10 @@ def synthetic_batch(step: int, batch: int, seq_len: int, vocab: int):
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree; dp = world / tp")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree (stages)")
+    p.add_argument("--pp-schedule", default="1F1B", choices=SINGLE_STAGE)
+    p.add_argument("--microbatches", type=int, default=4, help="per local batch, under --pp")
     p.add_argument("--ac", default="none", choices=["none", "full", "selective"])
     p.add_argument("--compile", action="store_true", help="torch.compile each block")
     p.add_argument("--steps", type=int, default=5)
@@ -243,106 +311,162 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def build_mesh(args: argparse.Namespace, device: torch.device) -> DeviceMesh | None:
+    """A 3-D (pp, dp, tp) mesh over the torchrun processes (dp = world / (pp * tp)), or None
+    in a plain single process. tp is the inner (fastest-varying) dimension, so a TP group is
+    made of neighbouring ranks (one node's NVLink on GPUs); pp is the outer one."""
+    if "WORLD_SIZE" not in os.environ:  # not launched by torchrun
+        if args.tp != 1 or args.pp != 1:
+            raise SystemExit("--tp / --pp > 1 need torchrun")
+        return None
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo", timeout=timedelta(seconds=120)
+    )
+    world = dist.get_world_size()
+    if world % (args.pp * args.tp):
+        raise SystemExit(f"--pp {args.pp} x --tp {args.tp} must divide the world size {world}")
+    shape = (args.pp, world // (args.pp * args.tp), args.tp)
+    return init_device_mesh(device.type, shape, mesh_dim_names=("pp", "dp", "tp"))
+
+
+def load_initial_weights(model: nn.Module, cfg: GPTConfig, seed: int, mesh) -> None:
+    """Initial weights equal to a single-process model's: rank 0 initializes the full model
+    with a fixed seed and every rank receives its shards of its stage's parameters. (Random
+    init directly on DTensor shards would not reproduce the single-device weights.) TinyGPT has
+    no buffers; a model with non-persistent buffers must recompute them after to_empty()."""
+    full_state = {}
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        torch.manual_seed(seed)
+        reference = TinyGPT(cfg)
+        reference.init_weights()
+        full_state = reference.state_dict()
+    if mesh is None:
+        model.load_state_dict(full_state)
+        return
+    # Not strict: the full state also holds the other pipeline stages' parameters.
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+    missing = set_model_state_dict(model, full_state, options=options).missing_keys
+    if missing:
+        raise RuntimeError(f"initial weights lack {missing}")
+
+
+def vocab_parallel_loss(vocab_sharded: bool):
+    """loss_parallel: softmax/cross-entropy reduce over the TP ranks' vocab shards instead of
+    gathering the logits; the backward must run inside the context too."""
+    return loss_parallel() if vocab_sharded else contextlib.nullcontext()
+
+
+def forward_backward(model: nn.Module, inputs, labels) -> torch.Tensor:
+    """-> the local batch's mean loss (gradients accumulated)."""
+    logits = model(inputs)
+    with vocab_parallel_loss(isinstance(logits, DTensor)):  # tp > 1: Shard(-1) logits
+        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+        loss.backward()
+    return loss.detach()
+
+
+def forward_backward_pipelined(schedule, plan, inputs, labels, tp: int) -> torch.Tensor:
+    """Run every microbatch through all stages and back. -> the local batch's mean loss on the
+    rank holding the last stage, 0 on the others."""
+    losses: list[torch.Tensor] = []
+    kwargs = dict(target=labels, losses=losses) if plan.has_last() else {}
+    args = (inputs,) if plan.has_first() else ()
+    with vocab_parallel_loss(tp > 1):
+        schedule.step(*args, **kwargs)
+    local = [x.detach().full_tensor() if isinstance(x, DTensor) else x.detach() for x in losses]
+    return sum(local, torch.zeros((), device=inputs.device))
+
+
+def global_mean(loss: torch.Tensor, mesh: DeviceMesh | None) -> torch.Tensor:
+    """The global batch's mean loss: from the last pipeline stage (the other stages hold 0) to
+    every pipeline rank, then averaged over the dp ranks' means."""
+    if isinstance(loss, DTensor):  # replicated over tp
+        loss = loss.full_tensor()
+    if mesh_size(mesh, "pp") > 1:
+        dist.all_reduce(loss, group=mesh["pp"].get_group())
+    if mesh_size(mesh, "dp") > 1:
+        dist.all_reduce(loss, group=mesh["dp"].get_group())
+        loss /= mesh_size(mesh, "dp")
+    return loss
+
+
+def write_report(path: str, model: nn.Module, args, mesh, losses, grad_norms) -> None:
+    """The curves and how the helpers laid out one weight (rank 0 holds the first stage)."""
+    qkv = block_items(model, GPT_BLOCKS)[0][1].attn.qkv.weight
+    layout = {
+        "world_size": dist.get_world_size() if dist.is_initialized() else 1,
+        "pp": mesh_size(mesh, "pp"),
+        "dp": mesh_size(mesh, "dp"),
+        "tp": mesh_size(mesh, "tp"),
+        "pp_schedule": args.pp_schedule if mesh_size(mesh, "pp") > 1 else None,
+        "stage_blocks": [i for i, _ in block_items(model, GPT_BLOCKS)],
+        "ac": args.ac,
+        "compile": args.compile,
+        "qkv_weight_placements": (
+            [str(p) for p in qkv.placements] if isinstance(qkv, DTensor) else None
+        ),
+    }
+    with open(path, "w") as f:
+        json.dump({"losses": losses, "grad_norms": grad_norms, "layout": layout}, f, indent=1)
+
+
 def main(argv=None) -> list[float]:
     args = parse_args(argv)
     cfg = GPTConfig()
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
     use_cuda = torch.cuda.is_available()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
 
-    # 1. Process group and a 2-D (dp, tp) mesh; tp is the inner (fastest-varying) dimension so a
-    #    TP group is made of neighbouring ranks (one node's NVLink on GPUs).
-    mesh = None
-    if "WORLD_SIZE" in os.environ:  # launched by torchrun
-        dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(seconds=120))
-        if world % args.tp:
-            raise SystemExit(f"--tp {args.tp} must divide the world size {world}")
-        mesh = init_device_mesh(
-            device.type, (world // args.tp, args.tp), mesh_dim_names=("dp", "tp")
-        )
-    elif args.tp != 1:
-        raise SystemExit("--tp > 1 needs torchrun")
-    dp = mesh["dp"].size() if mesh is not None else 1
+    # 1. Process group and the (pp, dp, tp) mesh.
+    mesh = build_mesh(args, device)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    dp, tp, pp = mesh_size(mesh, "dp"), mesh_size(mesh, "tp"), mesh_size(mesh, "pp")
     dp_rank = mesh["dp"].get_local_rank() if mesh is not None else 0
-    tp = args.tp
     if args.global_batch % dp:
         raise SystemExit(f"--global-batch {args.global_batch} must be a multiple of dp={dp}")
+    local_batch = args.global_batch // dp
 
-    # 2. Build on the meta device (no memory), parallelize, then allocate each rank's shards.
+    # 2. Build on the meta device (no memory), cut out this rank's pipeline stage, parallelize,
+    #    then allocate this rank's shards.
     with torch.device("meta"):
         model = TinyGPT(cfg)
-    parallelize(model, mesh, args.ac, args.compile)
+    schedule = plan = None
+    if pp > 1:
+        model, schedule, plan = pipeline_stage(model, mesh, device, args, local_batch)
+    else:
+        parallelize(model, mesh, args.ac, args.compile)
     model.to_empty(device=device)
 
-    # 3. Initial weights equal to a single-process model's: rank 0 initializes the full model
-    #    with a fixed seed and every rank receives its shards. (Random init directly on DTensor
-    #    shards would not reproduce the single-device weights.) TinyGPT has no buffers; a model
-    #    with non-persistent buffers must recompute them after to_empty().
-    full_state = {}
-    if rank == 0:
-        torch.manual_seed(args.seed)
-        reference = TinyGPT(cfg)
-        reference.init_weights()
-        full_state = reference.state_dict()
-    if mesh is None:
-        model.load_state_dict(full_state)
-    else:
-        set_model_state_dict(
-            model,
-            full_state,
-            options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
-        )
+    # 3. The same initial weights as the single-process run.
+    load_initial_weights(model, cfg, args.seed, mesh)
 
     # 4. Train. Each dp rank takes its slice of the global batch; FSDP averages gradients over
-    #    dp, so the update is that of the whole batch. TP ranks of one dp rank share its slice.
+    #    dp, so the update is that of the whole batch. The TP ranks and pipeline stages of one
+    #    dp rank share its slice (the first stage reads the inputs, the last the labels).
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    local_batch = args.global_batch // dp
+    pp_group = mesh["pp"].get_group() if pp > 1 else None
     losses, grad_norms = [], []
     for step in range(1, args.steps + 1):
         inputs, labels = synthetic_batch(step, args.global_batch, args.seq_len, cfg.vocab_size)
         rows = slice(dp_rank * local_batch, (dp_rank + 1) * local_batch)
         inputs, labels = inputs[rows].to(device), labels[rows].to(device)
-
-        logits = model(inputs)
-        vocab_sharded = isinstance(logits, DTensor)  # tp > 1: Shard(-1) logits
-        # loss_parallel: softmax/cross-entropy reduce over the TP ranks' vocab shards instead
-        # of gathering the logits; backward must run inside the context too.
-        with loss_parallel() if vocab_sharded else contextlib.nullcontext():
-            loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
-            loss.backward()
-        grad_norm = clip_grad_norm(list(model.parameters()), max_norm=1.0)
+        if schedule is None:
+            loss = forward_backward(model, inputs, labels)
+        else:
+            loss = forward_backward_pipelined(schedule, plan, inputs, labels, tp)
+        # The norm of the whole model's gradients: summed over the stages under pp.
+        grad_norm = clip_grad_norm(list(model.parameters()), max_norm=1.0, pp_group=pp_group)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-
-        loss = loss.detach()
-        if isinstance(loss, DTensor):  # replicated over tp
-            loss = loss.full_tensor()
-        if dp > 1:  # the global batch's mean loss: average the dp ranks' means
-            dist.all_reduce(loss, group=mesh["dp"].get_group())
-            loss /= dp
-        losses.append(loss.item())
+        losses.append(global_mean(loss, mesh).item())
         grad_norms.append(grad_norm.item())
         if rank == 0:
             print(f"step {step}  loss {losses[-1]:.6f}  grad_norm {grad_norms[-1]:.6f}")
 
     if rank == 0 and args.out:
-        qkv = model.blocks[0].attn.qkv.weight  # shows how the helpers laid out one weight
-        layout = {
-            "world_size": world,
-            "dp": dp,
-            "tp": tp,
-            "ac": args.ac,
-            "compile": args.compile,
-            "qkv_weight_placements": (
-                [str(p) for p in qkv.placements] if isinstance(qkv, DTensor) else None
-            ),
-        }
-        with open(args.out, "w") as f:
-            json.dump({"losses": losses, "grad_norms": grad_norms, "layout": layout}, f, indent=1)
+        write_report(args.out, model, args, mesh, losses, grad_norms)
     if dist.is_initialized():
         dist.destroy_process_group()
     return losses

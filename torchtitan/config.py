@@ -126,6 +126,9 @@ class Job(Section):
     config_file: str = opt("", "TOML file with the job's options (CLI overrides win)")
     dump_folder: str = opt("./outputs", "folder for logs, TensorBoard, configs and checkpoints")
     description: str = opt("", "free-text description, logged at start")
+    skip_memory_check: bool = opt(
+        False, "launch even if preflight estimates more memory per GPU than the GPU has"
+    )
 
 
 @dataclass
@@ -174,6 +177,9 @@ class LRScheduler(Section):
 class Training(Section):
     dataset: str = opt("sample", "sample (bundled), c4, hf:ID[:CONFIG], or a local file/folder")
     text_field: str = opt("text", "column holding the document text")
+    data_workers: int = opt(
+        -1, "processes that tokenize ahead of training: -1 = auto (1 on CUDA, 0 on CPU), 0, 1"
+    )
     seq_len: int = opt(2048, "tokens per sample")
     local_batch_size: int = opt(8, "samples per device per micro-step")
     global_batch_size: int = opt(-1, "samples per optimizer step; -1 = local_batch_size x DP")
@@ -187,9 +193,18 @@ class Training(Section):
     on_nonfinite: NonFinitePolicy = opt(
         "stop", "on a NaN/Inf loss or grad norm: stop (one-line error) or skip the step"
     )
+    loss_chunk_tokens: int = opt(
+        0,
+        "fuse the output head with the loss, computed this many tokens at a time, so the whole "
+        "logits tensor never exists; 0 = off (not with tensor parallel)",
+    )
 
     def validate(self) -> None:
         super().validate()
+        _check(
+            self.loss_chunk_tokens >= 0,
+            f"--training.loss_chunk_tokens must be >= 0 (0 = off); got {self.loss_chunk_tokens}",
+        )
         for key in ("seq_len", "local_batch_size", "steps", "gc_freq"):
             value = getattr(self, key)
             _check(value > 0, f"--training.{key} must be positive; got {value}")
@@ -434,10 +449,15 @@ class JobConfig:
     comm: Comm = field(default_factory=Comm)
 
     def validate(self) -> None:
-        """Checks that need nothing but the config itself (no files, no devices). Every check
-        today belongs to one section; cross-section checks would follow the loop."""
+        """Checks that need nothing but the config itself (no files, no devices): each
+        section's, then those across sections."""
         for section in dataclasses.fields(self):
             getattr(self, section.name).validate()
+        _check(
+            self.training.loss_chunk_tokens == 0 or self.parallelism.tensor_parallel_degree == 1,
+            "--training.loss_chunk_tokens does not combine with tensor parallelism (loss parallel "
+            "already splits the logits over the TP ranks); set it to 0",
+        )
 
     def to_toml(self) -> str:
         lines = []

@@ -36,8 +36,8 @@ class StepStats:
     """What the trainer measured for one optimizer step."""
 
     step: int
-    loss: float
-    grad_norm: float
+    loss: float | torch.Tensor
+    grad_norm: float | torch.Tensor
     lr: float
     tokens: int  # tokens this device processed in the step
     data_seconds: float  # time spent waiting for batches
@@ -110,8 +110,9 @@ class MetricsLogger:
         tps = self._tokens / elapsed
         tflops = self.flops_per_token * tps / 1e12
         m = {
-            "loss": stats.loss,
-            "grad_norm": stats.grad_norm,
+            # Device tensors during training: read here, on log steps only (a host sync).
+            "loss": float(stats.loss),
+            "grad_norm": float(stats.grad_norm),
             "lr": stats.lr,
             "tokens_per_second": tps,
             "tflops": tflops,

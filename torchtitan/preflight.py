@@ -15,6 +15,7 @@ import torch
 
 from torchtitan.checkpoint import check_loadable
 from torchtitan.config import ConfigError, JobConfig, parse_args
+from torchtitan.data.loader import resolve_workers
 from torchtitan.data.text import DataError, resolve_source
 from torchtitan.data.tokenizer import Tokenizer, TokenizerError
 from torchtitan.models.llama3 import ModelArgs, get_model_args
@@ -29,6 +30,7 @@ from torchtitan.parallel.pipeline import (
     plan_stages,
 )
 from torchtitan.parallel.tensor_parallel import check_tp_degree
+from torchtitan.planning.fit import check_memory
 
 USER_ERRORS = (ConfigError, DataError, TokenizerError)
 
@@ -145,6 +147,7 @@ def check_job(cfg: JobConfig, world_size: int) -> CheckedJob:
     check_checkpoint(cfg, model_args, world_size)
     accum_steps = gradient_accumulation_steps(cfg, dp_degree=dims.dp_degree)
     resolve_source(cfg.training.dataset, text_field=cfg.training.text_field)
+    resolve_workers(cfg.training.data_workers)
     tokenizer = Tokenizer(cfg.model.tokenizer_path)
     if tokenizer.vocab_size > model_args.vocab_size:
         raise ConfigError(
@@ -157,7 +160,9 @@ def check_job(cfg: JobConfig, world_size: int) -> CheckedJob:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        check_job(parse_args(argv), world_size=int(os.environ.get("WORLD_SIZE", "1")))
+        cfg, world_size = parse_args(argv), int(os.environ.get("WORLD_SIZE", "1"))
+        check_job(cfg, world_size)
+        check_memory(cfg, world_size)  # CUDA only: the planner's estimate against the GPU
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -31,7 +31,7 @@ from torchtitan.loss import loss_context
 from torchtitan.models.llama3 import ModelArgs, Transformer
 from torchtitan.optim import build_lr_scheduler, build_optimizer
 from torchtitan.parallel.dims import ParallelDims
-from torchtitan.parallel.parallelize import parallelize_llama
+from torchtitan.parallel.llama import parallelize_llama
 
 SEQ_LEN = 16
 GLOBAL_BATCH = 8

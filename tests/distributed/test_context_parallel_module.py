@@ -8,10 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed.launch import run_checked, torchrun_cmd
+from tests.distributed.launch import ROOT, run_checked, torchrun_cmd
 from torchtitan.parallel.context_parallel import check_cp
 
 WORKER = Path(__file__).with_name("cp_worker.py")
+
+
+@pytest.fixture(autouse=True)
+def this_checkout(monkeypatch):
+    """The worker runs as a script: make it import this checkout's torchtitan, not whichever one
+    is installed."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
 
 
 def run_worker(nproc: int, timeout: int = 120) -> dict:

@@ -43,3 +43,18 @@ def test_compiled_blocks_with_alternate_matmul_ac_match_eager(tmp_path):
     assert compiled.keys() == eager.keys()
     for name, grad in eager.items():
         torch.testing.assert_close(compiled[name], grad, rtol=1e-4, atol=1e-6)
+
+
+def test_first_block_input_is_cloned_only_when_asked():
+    from torchtitan.models.llama3 import Transformer
+    from torchtitan.models.llama3.args import MODEL_FLAVORS
+    from torchtitan.parallel.compile import apply_compile
+
+    def first_block_hooks(clone: bool) -> int:
+        with torch.device("meta"):
+            model = Transformer(MODEL_FLAVORS["debugmodel"])
+        apply_compile(model, clone_first_input=clone)
+        return len(model.layers["0"]._forward_pre_hooks)
+
+    assert first_block_hooks(False) == 0
+    assert first_block_hooks(True) == 1

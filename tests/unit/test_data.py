@@ -14,10 +14,12 @@ from torchtitan.data import (
     DataError,
     DatasetSource,
     TextDataset,
+    TextLoader,
     Tokenizer,
     build_dataloader,
     resolve_source,
 )
+from torchtitan.data.loader import resolve_workers
 from torchtitan.data.text import SAMPLE_CORPUS
 
 ASSETS = Path(__file__).resolve().parents[2] / "torchtitan" / "assets"
@@ -111,6 +113,17 @@ def assert_resumes_exactly(spec, tokenizer, before: int, after: int, **kwargs):
         assert torch.equal(x, rx) and torch.equal(y, ry)
 
 
+def assert_same_batches(expected, actual) -> None:
+    for (x, y), (ax, ay) in zip(expected, actual, strict=True):
+        assert torch.equal(x, ax) and torch.equal(y, ay)
+
+
+def global_order(rank_batches) -> list[list[int]]:
+    """One step's windows of all ranks in stream order: sample i of rank r is window i*dp + r."""
+    per_rank = [windows(zip(*batch)) for batch in rank_batches]
+    return [w for samples in zip(*per_rank) for w in samples]
+
+
 def test_resume_jsonl_exact(tokenizer, corpus_path):
     assert_resumes_exactly(str(corpus_path), tokenizer, before=3, after=4)
 
@@ -166,6 +179,107 @@ def test_resume_with_other_dp_world_size(tokenizer, corpus_path):
     for step in range(2):
         step_windows = [windows(zip(*by_rank[rank][step]))[0] for rank in range(4)]
         assert step_windows == single_windows[12 + 4 * step : 16 + 4 * step]
+
+
+def test_worker_batches_equal_in_process_batches(tokenizer, corpus_path):
+    for world_size in (1, 3):
+        for rank in range(world_size):
+            world = (rank, world_size)
+            in_process, _ = loader_batches(str(corpus_path), tokenizer, 6, world=world)
+            in_worker, _ = loader_batches(
+                str(corpus_path), tokenizer, 6, world=world, num_workers=1
+            )
+            assert_same_batches(in_process, in_worker)
+
+
+def test_worker_state_is_last_batch_not_prefetch(tokenizer, corpus_path):
+    loader = build_dataloader(str(corpus_path), tokenizer, SEQ_LEN, 2, 1, 2, num_workers=1)
+    batches = iter(loader)
+    for _ in range(3):
+        next(batches)
+    time.sleep(0.5)  # the worker has read ahead by now
+    _, in_process_state = loader_batches(str(corpus_path), tokenizer, 3, world=(1, 2))
+    assert loader.state_dict() == in_process_state
+    assert loader.windows == 3 * 2 * 2
+
+
+@pytest.mark.parametrize("save_workers,load_workers", [(1, 1), (1, 0), (0, 1)])
+def test_resume_with_workers_exact(tokenizer, corpus_path, save_workers, load_workers):
+    spec = str(corpus_path)
+    reference, _ = loader_batches(spec, tokenizer, 7, world=(1, 2))
+    _, state = loader_batches(spec, tokenizer, 4, world=(1, 2), num_workers=save_workers)
+    resumed, _ = loader_batches(spec, tokenizer, 3, state, (1, 2), num_workers=load_workers)
+    assert_same_batches(reference[4:], resumed)
+
+
+@pytest.mark.parametrize("new_world_size", [1, 4])
+def test_resume_with_workers_under_other_layout(tokenizer, corpus_path, new_world_size):
+    spec = str(corpus_path)
+    single, _ = loader_batches(spec, tokenizer, 5, batch=4)
+    single_windows = [w for x, y in single for w in windows(zip(x, y))]
+    _, state = loader_batches(spec, tokenizer, 3, world=(1, 2), batch=2, num_workers=1)
+    batch = 4 // new_world_size
+    by_rank = [
+        loader_batches(spec, tokenizer, 2, state, (rank, new_world_size), batch, num_workers=1)[0]
+        for rank in range(new_world_size)
+    ]
+    for step in range(2):
+        step_windows = global_order([by_rank[rank][step] for rank in range(new_world_size)])
+        assert step_windows == single_windows[12 + 4 * step : 16 + 4 * step]
+
+
+def test_streaming_source_with_worker_resumes_across_epochs(tokenizer, tmp_path):
+    path = write_jsonl(tmp_path / "tiny.jsonl", make_documents(6))
+    source = DatasetSource("stream", builder="json", data_files=(str(path),), streaming=True)
+
+    def loader(workers: int) -> TextLoader:
+        return TextLoader(TextDataset(source, tokenizer, SEQ_LEN), 2, workers, pin_memory=False)
+
+    reference = take(loader(0), 30)  # one epoch is 25 windows: 12.5 batches
+    assert_same_batches(reference, take(loader(1), 30))
+    for before, save_workers, load_workers in ((4, 1, 0), (14, 0, 1), (14, 1, 1)):
+        first = loader(save_workers)
+        take(first, before)
+        resumed = loader(load_workers)
+        resumed.load_state_dict(first.state_dict())
+        assert_same_batches(reference[before:], take(resumed, 30 - before))
+    assert first.state_dict()["epoch"] == 1
+
+
+def test_loads_stateful_dataloader_checkpoint_state(tokenizer, corpus_path):
+    """Checkpoints written before TextLoader hold torchdata's StatefulDataLoader state."""
+    StatefulDataLoader = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
+
+    old = StatefulDataLoader(
+        TextDataset(str(corpus_path), tokenizer, SEQ_LEN),
+        batch_size=2,
+        num_workers=0,
+        collate_fn=lambda samples: tuple(map(torch.stack, zip(*samples))),
+        drop_last=True,
+    )
+    old_batches = iter(old)
+    for _ in range(3):
+        next(old_batches)
+    expected = next(old_batches)
+    old_state = old.state_dict()  # after 4 batches
+    assert "dataset_state" in old_state
+    for workers in (0, 1):
+        loader = build_dataloader(
+            str(corpus_path), tokenizer, SEQ_LEN, 2, 0, 1, num_workers=workers
+        )
+        loader.load_state_dict(old_state)
+        assert loader.state_dict() == old_state["dataset_state"]
+    reference, _ = loader_batches(str(corpus_path), tokenizer, 5)
+    assert torch.equal(reference[3][0], expected[0])
+    resumed, _ = loader_batches(str(corpus_path), tokenizer, 1, old_state, num_workers=1)
+    assert torch.equal(resumed[0][0], reference[4][0])
+
+
+def test_data_workers_option(tokenizer):
+    assert resolve_workers(-1) == (1 if torch.cuda.is_available() else 0)
+    assert resolve_workers(0) == 0 and resolve_workers(1) == 1
+    with pytest.raises(DataError, match="--training.data_workers 2: use -1"):
+        build_dataloader("sample", tokenizer, SEQ_LEN, 2, 0, 1, num_workers=2)
 
 
 def test_finite_dataset_stops(tokenizer, corpus_path):

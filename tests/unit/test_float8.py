@@ -26,7 +26,7 @@ from torchtitan.parallel.float8 import (
     is_float8_linear,
     too_small,
 )
-from torchtitan.parallel.tensor_parallel import llama_block_plan
+from torchtitan.parallel.llama import llama_block_plan
 
 aten = torch.ops.aten
 LINEARS_PER_BLOCK = 7
@@ -309,6 +309,32 @@ def test_block_plan_with_float8_styles():
     assert isinstance(plan["feed_forward.w2"], Float8RowwiseParallel)
     assert plan["feed_forward.w2"].output_layouts == plain["feed_forward.w2"].output_layouts
     assert not isinstance(plain["attention.wq"], Float8ColwiseParallel)
+
+
+def test_float8_tp_styles_run_the_llama_plan_on_a_one_rank_mesh(tmp_path):
+    """gloo cannot all-gather float8 across ranks, but on a one-rank mesh torchao's float8 styles
+    run the whole plan on CPU: the casts before the (trivial) all-gather, the rope cache passed
+    through, the float8 gradient casts. Same loss and gradients as without TP."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from torchtitan.parallel.llama import llama_root_plan
+    from torchtitan.parallel.tensor_parallel import apply_tp
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        reference, tp = cpu_model(**EMULATED), cpu_model(**EMULATED)
+        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+        apply_tp(tp, mesh, llama_root_plan(False), llama_block_plan(float8=True))
+        tokens = torch.randint(tp.args.vocab_size, (2, 32))
+        losses = [m(tokens).float().square().mean() for m in (reference, tp)]
+        for loss in losses:
+            loss.backward()
+        assert losses[0].item() == pytest.approx(losses[1].item(), rel=1e-6)
+        grads = [m.layers["0"].attention.wq.weight.grad for m in (reference, tp)]
+        torch.testing.assert_close(grads[1].full_tensor(), grads[0])
+    finally:
+        dist.destroy_process_group()
 
 
 def test_mfu_is_labelled_with_its_bf16_basis(monkeypatch, caplog):

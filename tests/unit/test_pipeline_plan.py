@@ -1,8 +1,22 @@
-"""Stage planning and schedule validation (no processes)."""
+"""Stage planning, stage modules and schedule validation (no processes)."""
+
+import inspect
 
 import pytest
+import torch
+import torch.nn as nn
 
-from torchtitan.parallel.pipeline import balanced_split, check_microbatches, plan_stages
+from torchtitan.models.llama3 import ModelArgs, Transformer
+from torchtitan.parallel.activation_checkpoint import apply_ac
+from torchtitan.parallel.blocks import BlockOnAnotherStage, block_items
+from torchtitan.parallel.fsdp import apply_fsdp
+from torchtitan.parallel.llama import LLAMA_BLOCKS, LLAMA_INPUT_MODULES, LLAMA_OUTPUT_MODULES
+from torchtitan.parallel.pipeline import (
+    balanced_split,
+    build_stage_module,
+    check_microbatches,
+    plan_stages,
+)
 
 
 def test_balanced_split_counts_embedding_and_head():
@@ -59,3 +73,86 @@ def test_microbatch_requirements(schedule, n_mb, pp, stages, expected):
     with pytest.raises(ValueError, match=expected):
         check_microbatches(schedule, n_mb, pp, stages)
     check_microbatches("GPipe", 1, 2, 2)
+
+
+class ListModel(nn.Module):
+    """A non-Llama model: blocks in an nn.ModuleList, two input modules, forward tolerating a
+    missing embedding or head (the stage contract)."""
+
+    def __init__(self, n_blocks: int = 4, dim: int = 8, vocab: int = 16):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, dim)
+        self.wpe = nn.Embedding(32, dim)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(dim, dim), nn.Tanh()) for _ in range(n_blocks)
+        )
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, x):
+        if self.wte is not None:
+            x = self.wte(x) + self.wpe(torch.arange(x.shape[1]))
+        for block in self.blocks:
+            x = block(x)
+        return x if self.head is None else self.head(x)
+
+
+TOKENS = torch.randint(16, (2, 5), generator=torch.Generator().manual_seed(0))
+
+
+def run_stages(model, splits, **names):
+    """Each stage's module, and their output when run in sequence on TOKENS."""
+    stages = [
+        build_stage_module(model, layers, s == 0, s == len(splits) - 1, **names)
+        for s, layers in enumerate(splits)
+    ]
+    x = TOKENS
+    for stage in stages:
+        x = stage(x)
+    return stages, x
+
+
+def test_llama_stages_keep_names_and_compose():
+    torch.manual_seed(0)
+    args = ModelArgs(dim=32, n_layers=4, n_heads=4, n_kv_heads=2, vocab_size=16, max_seq_len=8)
+    model = Transformer(args)
+    model.init_weights()
+    stages, out = run_stages(model, [(0,), (1, 2), (3,)])
+    assert list(stages[1].layers.keys()) == ["1", "2"]
+    assert stages[1].tok_embeddings is None and stages[1].output is None
+    assert stages[0].norm is None and stages[2].tok_embeddings is None
+    names = [set(s.state_dict()) for s in stages]
+    assert set().union(*names) == set(model.state_dict()) - {"rope_cache"}
+    torch.testing.assert_close(out, model(TOKENS), rtol=0, atol=0)
+
+
+def test_module_list_stages_keep_fqns_and_match_the_whole_model():
+    torch.manual_seed(0)
+    model = ListModel()
+    names = dict(blocks_attr="blocks", input_modules=("wte", "wpe"), output_modules=("head",))
+    stages, out = run_stages(model, [(0, 1), (2,), (3,)], **names)
+    torch.testing.assert_close(out, model(TOKENS), rtol=0, atol=0)
+    # Indices, and so parameter names, are those of the full model: checkpoints load as is.
+    assert set(stages[1].state_dict()) == {"blocks.2.0.weight", "blocks.2.0.bias"}
+    assert len(stages[1].blocks) == 4 and isinstance(stages[1].blocks[0], BlockOnAnotherStage)
+    assert set().union(*(s.state_dict() for s in stages)) == set(model.state_dict())
+    # The helpers see only the stage's own blocks.
+    assert [i for i, _ in block_items(stages[0], "blocks")] == [0, 1]
+    apply_ac(stages[2], "full", blocks_attr="blocks")
+    assert isinstance(stages[2].blocks[0], BlockOnAnotherStage)
+    assert type(stages[2].blocks[3]).__name__ == "CheckpointWrapper"
+
+
+def test_stage_names_must_exist():
+    with pytest.raises(ValueError, match="no module 'tok_embeddings'.*input_modules="):
+        build_stage_module(ListModel(), (0,), True, False, blocks_attr="blocks")
+    with pytest.raises(ValueError, match="out of range: blocks holds 4 blocks"):
+        build_stage_module(ListModel(), (4,), True, False, "blocks", ("wte",), ("head",))
+
+
+def test_generic_defaults_are_llamas_names():
+    """The helpers' defaults and llama.py name the same modules."""
+    fsdp = inspect.signature(apply_fsdp).parameters
+    stage = inspect.signature(build_stage_module).parameters
+    assert fsdp["blocks_attr"].default == stage["blocks_attr"].default == LLAMA_BLOCKS
+    assert fsdp["input_group"].default == stage["input_modules"].default == LLAMA_INPUT_MODULES
+    assert fsdp["output_group"].default == stage["output_modules"].default == LLAMA_OUTPUT_MODULES

@@ -1,4 +1,4 @@
-from torchtitan.data.loader import build_dataloader
+from torchtitan.data.loader import TextLoader, build_dataloader
 from torchtitan.data.text import DataError, DatasetSource, TextDataset, resolve_source
 from torchtitan.data.tokenizer import Tokenizer, TokenizerError
 
@@ -6,6 +6,7 @@ __all__ = [
     "DataError",
     "DatasetSource",
     "TextDataset",
+    "TextLoader",
     "Tokenizer",
     "TokenizerError",
     "build_dataloader",

@@ -1,22 +1,109 @@
-"""Build the stateful data loader that yields ``(input_ids, labels)`` batches of shape [B, T]."""
+"""The data loader: ``(input_ids, labels)`` batches of shape [B, T] of this rank's packed windows.
 
-import warnings
+``TextLoader`` runs a ``TextDataset`` under ``torch.utils.data.DataLoader``. With a worker (the
+default on CUDA) reading, tokenization and packing happen in that process, ``PREFETCH_BATCHES``
+batches ahead of the training loop, and batches arrive in pinned memory so that the trainer's
+``.to(device, non_blocking=True)`` is asynchronous. There is at most one worker: the stream is one
+global sequence packed in order (``text.py``), and several workers would each need a share of it,
+which would tie the stream position to the worker count.
+
+State: every batch travels with the stream position just after it, so ``state_dict()`` is the
+position after the last batch handed out, however far the worker has read ahead. It is the same
+plain global position with a worker or without, identical on every rank, and loads under another
+data-parallel layout with the same global batch size.
+"""
+
+import os
+from collections.abc import Iterator
+from typing import Any
 
 import torch
-from torchdata.stateful_dataloader import StatefulDataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
-from torchtitan.data.text import TextDataset, resolve_source
+from torchtitan.data.text import DataError, TextDataset, resolve_source
 from torchtitan.data.tokenizer import Tokenizer
+from torchtitan.data.worker import worker_init_for
 
-# torchdata 0.11 calls a deprecated torch API every time an iterator is created.
-warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+AUTO_WORKERS = -1
+PREFETCH_BATCHES = 2
+
+Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-def stack_samples(
-    samples: list[tuple[torch.Tensor, torch.Tensor]],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    inputs, labels = zip(*samples)
-    return torch.stack(inputs), torch.stack(labels)
+def resolve_workers(requested: int) -> int:
+    """``training.data_workers`` -> worker processes: -1 = 1 on CUDA, 0 on CPU."""
+    if requested == AUTO_WORKERS:
+        return 1 if torch.cuda.is_available() else 0
+    if requested not in (0, 1):
+        raise DataError(
+            f"--training.data_workers {requested}: use -1 (auto), 0 (tokenize in the training "
+            "process) or 1 (one worker process); the packed stream is read by one process"
+        )
+    return requested
+
+
+class PositionedSamples(IterableDataset):
+    """The dataset's samples, each followed by the stream position just after it."""
+
+    def __init__(self, dataset: TextDataset):
+        self.dataset = dataset
+
+    def __iter__(self):
+        return self.dataset.positioned_samples()
+
+
+def stack_positioned(samples: list) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+    inputs, labels, positions = zip(*samples)
+    return torch.stack(inputs), torch.stack(labels), positions[-1]
+
+
+class TextLoader:
+    """Batches of a ``TextDataset``; see the module doc. ``iter()`` starts at ``state_dict()``."""
+
+    def __init__(
+        self, dataset: TextDataset, local_batch_size: int, num_workers: int, pin_memory: bool
+    ):
+        self.dataset = dataset
+        self.local_batch_size = local_batch_size
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self._position = dataset.state_dict()
+
+    @property
+    def windows(self) -> int:
+        """Global windows (all ranks) handed out up to the last batch this loader returned."""
+        return self._position["windows"]
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self._position)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Applies to the next ``iter()``. Also takes the ``StatefulDataLoader`` dict that
+        checkpoints written before ``TextLoader`` hold (the position is its ``dataset_state``)."""
+        position = state_dict.get("dataset_state", state_dict)
+        self.dataset.load_state_dict(position)
+        self._position = self.dataset.state_dict()
+
+    def __iter__(self) -> Iterator[Batch]:
+        self.dataset.load_state_dict(self._position)
+        with_workers = self.num_workers > 0
+        loader = DataLoader(
+            PositionedSamples(self.dataset),
+            batch_size=self.local_batch_size,
+            num_workers=self.num_workers,
+            collate_fn=stack_positioned,
+            drop_last=True,
+            pin_memory=self.pin_memory,
+            prefetch_factor=PREFETCH_BATCHES if with_workers else None,
+            worker_init_fn=worker_init_for(os.getpid()) if with_workers else None,
+        )
+        # Started now, so that the worker reads ahead while the trainer finishes setting up.
+        return self._hand_out(iter(loader))
+
+    def _hand_out(self, batches: Iterator) -> Iterator[Batch]:
+        for inputs, labels, position in batches:
+            self._position = position
+            yield inputs, labels
 
 
 def build_dataloader(
@@ -28,20 +115,16 @@ def build_dataloader(
     dp_world_size: int,
     infinite: bool = True,
     text_field: str = "text",
-) -> StatefulDataLoader:
+    num_workers: int = AUTO_WORKERS,
+    pin_memory: bool | None = None,
+) -> TextLoader:
     """Loader over this rank's share of the packed token windows.
 
-    Its ``state_dict()`` is the dataset's global stream position (identical on every rank), so
-    ``load_state_dict()`` resumes at exactly the next batch, even with another ``dp_world_size``
-    as long as the global batch size is unchanged.
+    ``num_workers``: see ``resolve_workers``. ``pin_memory``: None = when CUDA is available (the
+    trainer then trains on CUDA).
     """
     source = resolve_source(dataset_spec, text_field)
     dataset = TextDataset(source, tokenizer, seq_len, dp_rank, dp_world_size, infinite)
-    # num_workers=0: no prefetching, so the dataset state is exactly "after the last batch".
-    return StatefulDataLoader(
-        dataset,
-        batch_size=local_batch_size,
-        num_workers=0,
-        collate_fn=stack_samples,
-        drop_last=True,
-    )
+    if pin_memory is None:
+        pin_memory = torch.cuda.is_available()
+    return TextLoader(dataset, local_batch_size, resolve_workers(num_workers), pin_memory)

@@ -27,8 +27,8 @@ rank ``r`` takes the ``r``-th window of each round, i.e. global window ``i`` goe
 layout, and the state saved after each sample is the position after the whole round, identical on
 all ranks. That makes the state layout-independent: it can be loaded with another
 ``dp_world_size`` and the global sample sequence continues where it stopped. The price is that
-every rank reads and tokenizes the whole stream, which is fine for the bundled corpus and a
-moderate number of ranks.
+every rank reads and tokenizes the whole stream; on CUDA the loader (``loader.py``) does that in
+a worker process, off the training loop's path (docs/data.md gives the cost).
 
 State: epoch, a cursor to the current document (its row index for local data, or the Hugging
 Face ``IterableDataset.state_dict()`` taken just before it for streamed data), the number of
@@ -334,6 +334,11 @@ class TextDataset(IterableDataset, Stateful):
             logger.warning("dataset %s re-looping (epoch %d)", self.source.name, epoch)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for inputs, labels, _ in self.positioned_samples():
+            yield inputs, labels
+
+    def positioned_samples(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, dict[str, Any]]]:
+        """Like iterating, each sample followed by the state just after it (``state_dict()``)."""
         window_len = self.seq_len + 1
         round_len = window_len * self.dp_world_size
         mine_start = self.dp_rank * window_len
@@ -355,7 +360,7 @@ class TextDataset(IterableDataset, Stateful):
                     self.position = StreamPosition(epoch, cursor, offset, windows)
                     sample = torch.tensor(window, dtype=torch.long)
                     filled, window = 0, []
-                    yield sample[:-1], sample[1:]
+                    yield sample[:-1], sample[1:], self.state_dict()
 
     def state_dict(self) -> dict[str, Any]:
         p = self.position

@@ -16,6 +16,10 @@ delay              sleeps ``seconds`` (required), then returns True
 crash              raises ``InjectedFault`` (a RuntimeError: the Python error path runs)
 kill               SIGKILLs its own process (no exception, no cleanup, no dump)
 =================  ==============================================================================
+
+The trainer calls them through ``FaultInjector``: crash, kill and delay at the start of a step,
+nan_loss on each micro-step's loss (not under pipeline parallelism), skip_collective on the
+data-parallel loss all-reduce.
 """
 
 from __future__ import annotations
@@ -131,3 +135,28 @@ def maybe_inject(kind: str, step: int, rank: int, faults: tuple[Fault, ...] | No
     elif kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     return True
+
+
+class FaultInjector:
+    """The trainer's injection points for one rank, with the faults read once from the
+    environment (``faults`` overrides them); every point is a no-op when there are none."""
+
+    def __init__(self, rank: int, faults: tuple[Fault, ...] | None = None):
+        self.rank = rank
+        self.faults = faults_from_env() if faults is None else faults
+
+    def at_step_start(self, step: int) -> None:
+        """Start of a step: the ``crash``, ``kill`` or ``delay`` set for it, in that order."""
+        for kind in ("crash", "kill", "delay"):
+            self._fire(kind, step)
+
+    def poison_loss(self, step: int, loss):
+        """The loss, made NaN where a ``nan_loss`` is set for this step."""
+        return loss * float("nan") if self._fire("nan_loss", step) else loss
+
+    def skip_collective(self, step: int) -> bool:
+        """True where a ``skip_collective`` is set for this step: skip the collective."""
+        return self._fire("skip_collective", step)
+
+    def _fire(self, kind: str, step: int) -> bool:
+        return bool(self.faults) and maybe_inject(kind, step, self.rank, self.faults)

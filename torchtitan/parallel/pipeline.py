@@ -1,15 +1,17 @@
 """Pipeline parallelism: split the meta-device model into stages and pick a schedule.
 
-Stages are copies of the whole model with the other stages' layers deleted (and
-``tok_embeddings`` / ``norm`` + ``output`` set to None off the first / last stage), so every stage
-keeps the full model's parameter names and then goes through TP -> AC -> compile -> FSDP like the
-whole model would. Looped schedules give rank r the stages r, r + pp, r + 2pp, ...; V schedules
-(ZBVZeroBubble, DualPipeV) give it r and 2pp - 1 - r.
+Stages are copies of the whole model without the other stages' blocks (and with the input modules
+/ the norm + head set to None off the first / last stage), so every stage keeps the full model's
+parameter names and then goes through TP -> AC -> compile -> FSDP like the whole model would.
+The names default to Llama's (``llama.py``); a custom model passes its own. Looped schedules give
+rank r the stages r, r + pp, r + 2pp, ...; V schedules (ZBVZeroBubble, DualPipeV) give it r and
+2pp - 1 - r.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch.nn as nn
@@ -20,11 +22,13 @@ from torch.distributed.pipelining.schedules import (
     get_schedule_class,
 )
 
+from torchtitan.parallel.blocks import BlockOnAnotherStage, block_items
+from torchtitan.parallel.llama import LLAMA_BLOCKS, LLAMA_INPUT_MODULES, LLAMA_OUTPUT_MODULES
+
 SINGLE_STAGE = ("GPipe", "1F1B")
 LOOPED = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
 ZERO_BUBBLE = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
-SCHEDULES = SINGLE_STAGE + LOOPED + V_SHAPED + ("CSV",)
 
 
 @dataclass(frozen=True)
@@ -158,20 +162,69 @@ def check_microbatches(schedule: str, n_microbatches: int, pp: int, num_stages: 
         )
 
 
-def build_stage_module(model: nn.Module, layers: tuple[int, ...], first: bool, last: bool):
-    """A copy of the (meta) model holding only ``layers``, the embedding iff first, and the final
-    norm and head iff last."""
+def build_stage_module(
+    model: nn.Module,
+    layers: tuple[int, ...],
+    first: bool,
+    last: bool,
+    blocks_attr: str = LLAMA_BLOCKS,
+    input_modules: Sequence[str] = LLAMA_INPUT_MODULES,
+    output_modules: Sequence[str] = LLAMA_OUTPUT_MODULES,
+) -> nn.Module:
+    """A copy of the (meta) model holding the blocks at positions ``layers`` of
+    ``model.<blocks_attr>``, the ``input_modules`` (embeddings) iff ``first`` and the
+    ``output_modules`` (final norm, head) iff ``last``; the dropped ones are set to None.
+
+    Parameter names stay those of the full model, so checkpoints load into any split: an
+    ``nn.ModuleDict`` loses the other stages' keys, an ``nn.ModuleList`` keeps its length with a
+    parameterless ``BlockOnAnotherStage`` (returns its first input) in their places.
+
+    The model's forward must run as a stage (Llama's does): skip a module that is None, take the
+    previous stage's output (hidden states) as its input when the input modules are None, return
+    the hidden states when the output modules are None, and call the blocks in container order
+    with the hidden states as their first argument, doing nothing else between them (a
+    ModuleList stage's placeholders return their input, and only that).
+    """
+    _check_present(model, [*input_modules, *output_modules])
+    block_items(model, blocks_attr)  # a TypeError unless it is a ModuleDict or ModuleList
+    n_blocks = len(getattr(model, blocks_attr))
+    if bad := [i for i in layers if not 0 <= i < n_blocks]:
+        raise ValueError(f"stage layers {bad} out of range: {blocks_attr} holds {n_blocks} blocks")
     stage = copy.deepcopy(model)
-    keep = {str(i) for i in layers}
-    for name in list(stage.layers.keys()):
-        if name not in keep:
-            del stage.layers[name]
+    _keep_blocks(getattr(stage, blocks_attr), set(layers))
     if not first:
-        stage.tok_embeddings = None
+        _set_none(stage, input_modules)
     if not last:
-        stage.norm = None
-        stage.output = None
+        _set_none(stage, output_modules)
     return stage
+
+
+def _check_present(model: nn.Module, names: Sequence[str]) -> None:
+    for name in names:
+        try:
+            model.get_submodule(name)
+        except AttributeError:
+            raise ValueError(
+                f"{type(model).__name__} has no module {name!r} to leave off pipeline stages; "
+                "pass input_modules= / output_modules= naming its embeddings and its norm + head"
+            ) from None
+
+
+def _keep_blocks(container: nn.ModuleDict | nn.ModuleList, keep: set[int]) -> None:
+    if isinstance(container, nn.ModuleDict):
+        for i, key in enumerate(list(container.keys())):
+            if i not in keep:
+                del container[key]
+        return
+    for i in range(len(container)):
+        if i not in keep:
+            container[i] = BlockOnAnotherStage()
+
+
+def _set_none(model: nn.Module, names: Sequence[str]) -> None:
+    for name in names:
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent), leaf, None)
 
 
 def build_pipeline_stage(module: nn.Module, stage_id: int, plan: StagePlan, device, group):

@@ -202,6 +202,9 @@ class Transformer(nn.Module):
         )
         self.norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        # True: forward stops before the head and returns the final hidden states, for a loss
+        # that applies ``output.weight`` itself (the fused, chunked head + cross-entropy).
+        self.defer_head = False
         self.register_buffer("rope_cache", self._rope_cache(), persistent=False)
 
     def _rope_cache(self) -> torch.Tensor:
@@ -214,14 +217,14 @@ class Transformer(nn.Module):
         """tokens (bs, seqlen) int -> logits (bs, seqlen, vocab_size).
 
         In a pipeline stage without tok_embeddings the input is hidden states (bs, seqlen, dim),
-        and without output the stage returns hidden states.
+        and without output (or with ``defer_head``) the model returns the hidden states.
         """
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         for layer in self.layers.values():
             h = layer(h, self.rope_cache)
         if self.norm is not None:
             h = self.norm(h)
-        return self.output(h) if self.output is not None else h
+        return self.output(h) if self.output is not None and not self.defer_head else h
 
     def init_weights(self, buffer_device: torch.device | None = None) -> None:
         """Initialise every parameter and recompute the RoPE cache, e.g. after `to_empty()`.

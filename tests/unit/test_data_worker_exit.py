@@ -1,0 +1,102 @@
+"""The loader's worker process ends with the training process, and only then (data/worker.py).
+
+Each test runs a small training-like process with a one-worker loader in its own session, as
+torchrun starts ranks, and signals it as torchrun (the whole group) or a crash (the process only)
+would.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Reads batches until SIGTERM, then three more (the rest of its step), then exits without closing
+# the loader: the worker must survive torchrun's SIGTERM and still be stopped at exit.
+TRAINING_LIKE = """
+import multiprocessing, signal, sys, time
+from torchtitan.config import ASSETS
+from torchtitan.data import Tokenizer, build_dataloader
+
+tokenizer = Tokenizer(ASSETS / "tokenizer.model")
+loader = build_dataloader("sample", tokenizer, 16, 2, 0, 1, num_workers=1)
+batches = iter(loader)
+next(batches)
+stop = []
+signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+print("ready", *[p.pid for p in multiprocessing.active_children()], flush=True)
+while not stop:
+    next(batches)
+    time.sleep(0.01)
+for _ in range(3):
+    next(batches)
+print("finished", loader.windows, flush=True)
+sys.exit(143)
+"""
+
+
+def start() -> tuple[subprocess.Popen, list[int]]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-c", TRAINING_LIKE],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    words = process.stdout.readline().split()
+    if words[:1] != ["ready"]:
+        process.kill()
+        pytest.fail(f"child did not start: {process.communicate()[1][-2000:]}")
+    return process, [int(pid) for pid in words[1:]]
+
+
+def wait_exited(pid: int, seconds: float) -> str:
+    """'gone' (reaped), 'zombie' (exited, its new parent has not reaped it) or 'running'."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return "gone"
+        if state == "Z":
+            return "zombie"
+        if time.monotonic() > deadline:
+            return "running"
+        time.sleep(0.1)
+
+
+pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+
+
+def test_worker_survives_group_sigterm_and_stops_at_exit():
+    process, workers = start()
+    assert len(workers) == 1
+    os.killpg(process.pid, signal.SIGTERM)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 143, err[-2000:]
+    assert "finished" in out
+    assert wait_exited(workers[0], 10) == "gone"  # stopped and reaped by its parent
+
+
+def test_ctrl_c_stops_training_and_worker():
+    process, workers = start()
+    os.killpg(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == -signal.SIGINT, err[-2000:]  # Python's KeyboardInterrupt exit
+    assert wait_exited(workers[0], 10) == "gone"
+
+
+def test_worker_exits_when_training_process_is_killed():
+    process, workers = start()
+    process.kill()
+    process.wait(timeout=60)
+    # PyTorch's watchdog notices the missing parent within 5 s; the orphan is then its new
+    # parent's to reap, so a zombie counts as exited.
+    assert wait_exited(workers[0], 15) in ("gone", "zombie")

@@ -1,0 +1,124 @@
+"""This rank's model: the meta-device Llama, split into pipeline stages when pp > 1,
+parallelized, materialized and initialized; and the seed checkpoint's whole model."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn as nn
+
+from torchtitan.config import JobConfig
+from torchtitan.models.llama3 import ModelArgs, Transformer
+from torchtitan.parallel.dims import ParallelDims
+from torchtitan.parallel.llama import parallelize_llama
+from torchtitan.parallel.pipeline import (
+    StagePlan,
+    build_pipeline_stage,
+    build_schedule,
+    build_stage_module,
+    microbatch_count,
+    plan_stages,
+)
+
+logger = logging.getLogger("torchtitan")
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def build_model_parts(
+    cfg: JobConfig,
+    model_args: ModelArgs,
+    dims: ParallelDims,
+    device: torch.device,
+    step_loss: LossFn,
+) -> tuple[list[nn.Module], object, StagePlan | None]:
+    """-> (model parts on this rank, pipeline schedule or None, stage plan or None).
+
+    ``step_loss(logits, labels)`` is what the pipeline schedule calls on the last stage.
+    """
+    start = time.perf_counter()
+    with torch.device("meta"):
+        model = Transformer(model_args)
+    schedule, plan = None, None
+    if dims.pp > 1:
+        parts, schedule, plan = _build_pipeline(model, cfg, model_args, dims, device, step_loss)
+    else:
+        parts = [parallelize_llama(model, dims, cfg, device.type)]
+    for part in parts:
+        part.to_empty(device=device)
+        part.init_weights()
+    logger.info(
+        "built %s %s: %s parameters, %.2f GFLOPs/token at seq_len %d, %s%s, on %s in %.1fs",
+        cfg.model.name,
+        cfg.model.flavor,
+        f"{model_args.num_params():,}",
+        model_args.flops_per_token(cfg.training.seq_len) / 1e9,
+        cfg.training.seq_len,
+        dims.describe(),
+        f", stages {plan.stage_ids} of {plan.num_stages}" if plan else "",
+        device,
+        time.perf_counter() - start,
+    )
+    return parts, schedule, plan
+
+
+def _build_pipeline(
+    model: nn.Module,
+    cfg: JobConfig,
+    model_args: ModelArgs,
+    dims: ParallelDims,
+    device: torch.device,
+    step_loss: LossFn,
+) -> tuple[list[nn.Module], object, StagePlan]:
+    p = cfg.parallelism
+    pp_mesh = dims.mesh("pp")
+    plan = plan_stages(
+        model_args.n_layers,
+        dims.pp,
+        pp_mesh.get_local_rank(),
+        p.pipeline_parallel_schedule,
+        p.pipeline_parallel_stages_per_rank,
+        p.pipeline_parallel_split_points,
+        p.pipeline_parallel_layers_per_stage,
+    )
+    parts, stages = [], []
+    for stage_id in plan.stage_ids:
+        first, last = stage_id == 0, stage_id == plan.num_stages - 1
+        part = build_stage_module(model, plan.layers[stage_id], first, last)
+        part = parallelize_llama(part, dims, cfg, device.type)
+        parts.append(part)
+        stages.append(build_pipeline_stage(part, stage_id, plan, device, pp_mesh.get_group()))
+    n_microbatches = microbatch_count(
+        cfg.training.local_batch_size, p.pipeline_parallel_microbatch_size
+    )
+    schedule = build_schedule(
+        p.pipeline_parallel_schedule,
+        stages,
+        n_microbatches,
+        step_loss,
+        p.pipeline_parallel_schedule_csv,
+    )
+    return parts, schedule, plan
+
+
+def per_step_loss(summed_loss: LossFn, step_tokens: int) -> LossFn:
+    """A micro-batch's summed loss over the tokens of the whole optimizer step: the micro-batch
+    (and pipeline microbatch) losses then add up to the step's mean loss, and their gradients to
+    those of one large batch."""
+
+    def step_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return summed_loss(logits, labels) / step_tokens
+
+    return step_loss
+
+
+def build_seed_model(model_args: ModelArgs) -> nn.Module:
+    """The whole model with its initial weights, on CPU in this one process."""
+    with torch.device("meta"):
+        model = Transformer(model_args)
+    model.to_empty(device="cpu")
+    model.init_weights()
+    return model

@@ -1,0 +1,126 @@
+"""Everything Llama-specific about parallelizing: module names, the TP/SP plans, and
+``parallelize_llama``, the one composition the trainer calls.
+
+The helpers it composes (``apply_tp``, ``apply_ac``, ``apply_compile``, ``apply_fsdp``,
+``build_stage_module``) know nothing about Llama; this module tells them Llama's names and plans.
+
+Composition order: float8 linears (optional) -> TP/SP (+ loss parallel, async TP) -> activation
+checkpointing -> per-block compile -> FSDP2 (or HSDP / DDP). Float8 conversion swaps modules,
+which the TP styles and FSDP then wrap. TP must come before the rest because it replaces
+parameters with DTensors that AC, compile and FSDP then see; compile wraps the checkpointed
+blocks; FSDP wraps the compiled blocks, so its hooks stay outside the compiled graphs. The caller
+then materializes (``to_empty``) and initializes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn as nn
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+)
+
+from torchtitan.parallel.activation_checkpoint import apply_ac
+from torchtitan.parallel.compile import apply_compile
+from torchtitan.parallel.float8 import apply_float8, float8_tp_plan, float8_tp_styles
+from torchtitan.parallel.fsdp import apply_fsdp
+from torchtitan.parallel.tensor_parallel import apply_tp, enable_async_tp
+
+if TYPE_CHECKING:  # only annotations: keeps the config module free to import parallel/ modules
+    from torchtitan.config import JobConfig
+    from torchtitan.parallel.dims import ParallelDims
+
+# Where torchtitan.models.llama3.Transformer keeps its parts (a pipeline stage drops the
+# embedding on all but the first stage and the norm + head on all but the last).
+LLAMA_BLOCKS = "layers"  # an nn.ModuleDict of TransformerBlock, keys "0".."n_layers-1"
+LLAMA_INPUT_MODULES = ("tok_embeddings",)
+LLAMA_OUTPUT_MODULES = ("norm", "output")
+
+# Until torchtitan/dtypes.py (the one name -> dtype map) lands and replaces it.
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def llama_block_plan(float8: bool = False) -> dict[str, ParallelStyle]:
+    """TP + SP for one TransformerBlock.
+
+    Between blocks the activations are sharded on the sequence dimension (Shard(1)); each block
+    all-gathers them before attention / the FFN (column-wise projections, local heads) and
+    reduce-scatters after (row-wise projections). The norms run sequence-parallel. With
+    ``float8`` (tensorwise float8 linears) torchao's styles cast each sub-layer's input to float8
+    before the all-gather, so TP moves half the bytes.
+    """
+    colwise, rowwise, prepare_input = (
+        float8_tp_styles() if float8 else (ColwiseParallel, RowwiseParallel, PrepareModuleInput)
+    )
+    return {
+        "attention_norm": SequenceParallel(),
+        # (hidden states, rope cache): gather the sequence, leave the rope cache alone.
+        "attention": prepare_input(
+            input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
+        ),
+        "attention.wq": colwise(),
+        "attention.wk": colwise(),
+        "attention.wv": colwise(),
+        "attention.wo": rowwise(output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": prepare_input(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+        ),
+        "feed_forward.w1": colwise(),
+        "feed_forward.w3": colwise(),
+        "feed_forward.w2": rowwise(output_layouts=Shard(1)),
+    }
+
+
+def llama_root_plan(loss_parallel: bool = True) -> dict[str, ParallelStyle]:
+    """TP + SP for the embedding, final norm and head. With ``loss_parallel`` the head leaves the
+    logits sharded on the vocabulary (Shard(-1)) so the loss is computed without gathering them."""
+    return {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(
+            input_layouts=Shard(1),
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel,
+        ),
+    }
+
+
+def parallelize_llama(model: nn.Module, dims: ParallelDims, cfg: JobConfig, device_type: str):
+    """Apply every parallelism the config asks for to a (meta-device) Llama or pipeline stage
+    of one, in place; returns the model."""
+    p = cfg.parallelism
+    if cfg.float8.enable:  # first: TP styles and FSDP wrap the swapped-in Float8Linear modules
+        apply_float8(model, cfg.float8, fsdp_sharded=dims.fsdp_degree > 1)
+    if dims.tp > 1:
+        root_plan = llama_root_plan(not p.disable_loss_parallel)
+        block_plan = llama_block_plan(float8_tp_plan(model, cfg.float8, device_type, LLAMA_BLOCKS))
+        apply_tp(model, dims.mesh("tp"), root_plan, block_plan, LLAMA_BLOCKS)
+        if p.enable_async_tensor_parallel:
+            enable_async_tp()
+    ac = cfg.activation_checkpoint
+    apply_ac(model, ac.mode, ac.selective_ac_option, LLAMA_BLOCKS, ac.save_matmuls)
+    if cfg.compile.enable:
+        apply_compile(model, LLAMA_BLOCKS, clone_first_input=dims.tp > 1)
+    if dims.data_parallel:
+        on_gpu = device_type == "cuda"
+        t = cfg.training
+        apply_fsdp(
+            model,
+            dims.fsdp_mesh,
+            param_dtype=DTYPES[t.mixed_precision_param] if on_gpu else torch.float32,
+            reduce_dtype=DTYPES[t.mixed_precision_reduce] if on_gpu else torch.float32,
+            reshard_policy=p.fsdp_reshard_after_forward,
+            pipeline_parallel=dims.pp > 1,
+            blocks_attr=LLAMA_BLOCKS,
+            input_group=LLAMA_INPUT_MODULES,
+            output_group=LLAMA_OUTPUT_MODULES,
+        )
+    return model

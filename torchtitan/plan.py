@@ -1,0 +1,123 @@
+"""How to split a job over some GPUs, and will it fit: ``python -m torchtitan.plan``.
+
+Takes the trainer's config file and overrides (``--job.config_file FILE --section.key value``)
+plus the hardware, enumerates every layout the trainer accepts, and prints the fastest ones that
+fit with their estimated peak memory, tokens/s per GPU and ``run_train.sh`` command line.
+"""
+
+from __future__ import annotations
+
+import difflib
+import sys
+
+from torchtitan.config import ConfigError, parse_args
+from torchtitan.planning.hardware import CARDS, HardwareError, make_hardware
+from torchtitan.planning.layout import Layout, Workload
+from torchtitan.planning.report import format_plan
+from torchtitan.planning.search import Candidate, check_job, evaluate, search
+
+FLAGS = {
+    "gpus": (int, "GPUs per node (as NGPU of run_train.sh); required"),
+    "nodes": (int, "nodes (default 1); the world size is gpus x nodes"),
+    "card": (str, f"one of {', '.join(CARDS)}; or give the four numbers below"),
+    "memory-gib": (float, "custom card: memory per GPU in GiB"),
+    "tflops": (float, "custom card: dense bf16 TFLOP/s per GPU"),
+    "nvlink-gbps": (float, "custom card: GB/s per GPU to GPUs of the same node"),
+    "network-gbps": (float, "custom card: GB/s per GPU to other nodes"),
+    "hbm-gbps": (float, "memory bandwidth in GB/s (optional; bounds the optimizer step)"),
+    "top": (int, "how many layouts to show (default 5)"),
+    "explain": (bool, "also list every rejected layout and why"),
+}
+
+USAGE = """usage: python -m torchtitan.plan --gpus N [--nodes K] --card NAME [--top N] [--explain]
+                                [--job.config_file FILE] [--section.key VALUE ...]
+
+Config options are the trainer's (python -m torchtitan.train --help). Planner options:
+""" + "\n".join(f"  --{name:<13} {doc}" for name, (_, doc) in FLAGS.items())
+
+
+def split_argv(argv: list[str]) -> tuple[dict, list[str]]:
+    """(planner options, trainer config arguments); config keys always contain a dot."""
+    options: dict = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name, _, inline = arg[2:].partition("=")
+        if not arg.startswith("--") or "." in name:
+            rest.append(arg)
+            i += 1
+            continue
+        if name not in FLAGS:
+            close = difflib.get_close_matches(name, FLAGS, n=1)
+            hint = f"; did you mean --{close[0]}?" if close else f"; see {USAGE.splitlines()[0]}"
+            raise HardwareError(f"unknown option --{name}{hint}")
+        kind = FLAGS[name][0]
+        if kind is bool:
+            options[name] = True
+            i += 1
+            continue
+        value = inline if inline else (argv[i + 1] if i + 1 < len(argv) else None)
+        i += 1 if inline else 2
+        try:
+            options[name] = kind(value)
+        except (TypeError, ValueError):
+            raise HardwareError(f"--{name} expects {kind.__name__}, got {value!r}") from None
+    return options, rest
+
+
+def _hardware(options: dict):
+    if "gpus" not in options:
+        raise HardwareError("give the number of GPUs per node: --gpus N")
+    custom = {
+        k.replace("-", "_"): options.get(k)
+        for k in ("memory-gib", "tflops", "nvlink-gbps", "network-gbps", "hbm-gbps")
+    }
+    return make_hardware(options["gpus"], options.get("nodes", 1), options.get("card"), **custom)
+
+
+def _current(cfg, plan, hw) -> Candidate:
+    """The config's own layout, estimated with its own compile settings."""
+    layout = Layout.from_config(cfg, hw.world_size)
+    reason = check_job(cfg, layout, hw.world_size, plan.workload.model)
+    if reason:
+        return Candidate(layout, reason=reason)
+    work = Workload.from_config(cfg).with_(global_batch_size=plan.global_batch)
+    return evaluate(work, layout, hw)
+
+
+def run(argv: list[str]) -> str:
+    options, config_args = split_argv(argv)
+    hw = _hardware(options)
+    cfg = parse_args(config_args)
+    if options.get("top", 5) < 1:
+        raise HardwareError(f"--top must be positive; got {options['top']}")
+    work = Workload.from_config(cfg).with_(compile=True, compile_loss=True)
+    plan = search(cfg, work, hw)
+    return format_plan(
+        plan,
+        cfg,
+        cfg.job.config_file,
+        top=options.get("top", 5),
+        explain=options.get("explain", False),
+        current=_current(cfg, plan, hw),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
+        print(USAGE)
+        return 0
+    try:
+        print(run(argv), flush=True)
+    except BrokenPipeError:  # e.g. piped into head
+        sys.stdout = None
+    except (ConfigError, HardwareError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Bytes a transformer block saves for backward, per token, for each activation-checkpointing
+mode; and the bytes the output head and the loss hold.
+
+The table below lists what a compiled bf16 Llama block keeps between its forward and backward
+(regional compile, SDPA flash attention with native GQA). It reproduces the measurements of
+``python -m torchtitan.planning.measure`` on an H100 with torch 2.11 exactly (KiB per token per
+block; Llama 3.2 1B / 3.1 8B): no AC 74.13 / 136.13, selective op keeping all matmuls
+50.12 / 92.12, every other matmul 29.12 / 54.12, full AC 4.0 / 8.0.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from torchtitan.models.llama3 import ModelArgs
+from torchtitan.planning.shapes import Shapes, shapes
+
+MODES = ("none", "all", "alternate", "full")
+
+# (saved tensor, width per token, sharded by TP, the modes that keep it). Widths are names of
+# Shapes fields. Under TP, "sharded" tensors hold 1/tp of their width (heads, FFN columns, or the
+# sequence for the SP residual stream); the others are full (the all-gathered norm outputs).
+# Compiled selective AC drops the saved matmul outputs no backward needs (w2's; wo's under TP,
+# where the reduce-scatter output is kept instead).
+BLOCK_TENSORS = (
+    ("block input x", "dim", True, {"none", "all", "alternate", "full"}),
+    ("attention norm output (gathered)", "dim", False, {"none"}),
+    ("wq output q", "q", True, {"none", "all", "alternate"}),
+    ("wk output k", "kv", True, {"none", "all"}),
+    ("wv output v", "kv", True, {"none", "all", "alternate"}),
+    ("attention output", "q", True, {"none", "all", "alternate"}),
+    ("wo output / its reduce-scatter, h", "dim", True, {"none", "all"}),
+    ("ffn norm output (gathered)", "dim", False, {"none"}),
+    ("w1 output", "ffn", True, {"none", "all", "alternate"}),
+    ("w3 output", "ffn", True, {"none", "all"}),
+    ("w2 input silu(w1) * w3", "ffn", True, {"none"}),
+)
+# fp32 extras per token: attention logsumexp (one per head), the two RMSNorms' 1/RMS.
+FP32_EXTRAS = {"none": ("heads", 2), "all": ("heads",), "alternate": ("heads",)}
+
+
+def ac_kind(ac_mode: str, save_matmuls: str) -> str:
+    """The BLOCK_TENSORS mode of a config's AC mode (every-N handled by the caller)."""
+    if ac_mode == "selective":
+        return "alternate" if save_matmuls == "alternate" else "all"
+    return ac_mode
+
+
+def block_bytes_per_token(
+    model: ModelArgs | Shapes,
+    kind: str,
+    tp: int = 1,
+    cp: int = 1,
+    bf16: bool = True,
+    autocast: bool = False,
+    compiled: bool = True,
+) -> float:
+    """Bytes one block keeps for backward per token of this rank's (sequence) share.
+
+    autocast: one GPU without FSDP, where the residual stream stays fp32 (2 more bytes per dim).
+    cp > 1: ring attention also keeps the K/V it gathered from the other CP ranks and one
+    partial attention output per ring step (none and selective modes).
+    """
+    return _block_bytes(shapes(model), kind, tp, cp, bf16, autocast, compiled)
+
+
+@functools.lru_cache(maxsize=4096)
+def _block_bytes(w: Shapes, kind, tp, cp, bf16, autocast, compiled) -> float:
+    act = 2 if bf16 else 4
+    total = 0.0
+    for _, width, sharded, modes in BLOCK_TENSORS:
+        if kind in modes:
+            total += act * getattr(w, width) / (tp if sharded else 1)
+    for extra in FP32_EXTRAS.get(kind, ()):
+        total += 4 * (getattr(w, extra) if isinstance(extra, str) else extra) / tp
+    if tp > 1 and kind in ("all", "alternate"):
+        # Collectives are not recomputed: the sequence-gathered norm outputs stay saved, and so
+        # does wo's reduce-scatter output where alternate recomputes wo itself.
+        total += 2 * act * w.dim + (act * w.dim / tp if kind == "alternate" else 0)
+    if autocast:
+        total += 2 * w.dim / tp
+    if kind != "full" and cp > 1:
+        total += (cp - 1) * (2 * act * w.kv + act * w.q + 4 * w.heads) / tp
+    if not compiled and kind == "none":
+        total += (act * w.ffn + 8 * w.dim) / tp  # eager: silu output, fp32 norm internals
+    elif not compiled and kind != "full":
+        total += act * w.dim / tp  # eager SAC keeps w2's output too
+    return total
+
+
+def recompute_bytes_per_token(model: ModelArgs | Shapes, kind: str, **kwargs) -> float:
+    """Transient peak while one checkpointed block recomputes and runs its backward."""
+    if kind == "none":
+        return 0.0
+    return block_bytes_per_token(model, "none", **kwargs) - block_bytes_per_token(
+        model, kind, **kwargs
+    )
+
+
+def block_fixed_bytes(model: ModelArgs | Shapes, kind: str, autocast: bool, tp: int = 1) -> float:
+    """Per-block bytes that do not scale with tokens: under autocast without AC, the bf16 copies of
+    the block's weights that its matmuls save (selective AC recomputes the casts)."""
+    if not autocast or kind != "none":
+        return 0.0
+    return 2 * shapes(model).block_params / tp
+
+
+# ---------------------------------------------------------------------------- head and loss
+
+# Bytes per token per vocabulary entry (measured, bf16 logits held by the trainer):
+# eager loss: bf16 logits 2 + fp32 log-softmax 4 held; backward adds its fp32 gradient, the
+# gradient of the fp32 copy and its cast: peak 14. Compiled loss: logits 2 + bf16 gradient 2.
+LOSS_BYTES_PER_VOCAB = {"eager": (2.0, 12.0), "compiled": (2.0, 2.0)}
+FINAL_NORM_BYTES_PER_DIM = 8  # eager final RMSNorm (fp32 internals) + the head's bf16 input
+
+
+def loss_peak_bytes_per_token(
+    model: ModelArgs | Shapes,
+    compiled_loss: bool,
+    vocab_shards: int = 1,
+    loss_chunks: int = 1,
+    bf16: bool = True,
+) -> float:
+    """Peak bytes of final norm + head output + loss forward/backward, per token.
+
+    loss_chunks: a chunked loss (not in the trainer yet) would keep 1/loss_chunks of the
+    loss's own fp32 tensors alive at a time; the bf16 logits stay whole.
+    """
+    logits, loss_part = LOSS_BYTES_PER_VOCAB["compiled" if compiled_loss else "eager"]
+    if not bf16:
+        logits, loss_part = 4.0, loss_part + 4.0
+    w = shapes(model)
+    return w.vocab / vocab_shards * (logits + loss_part / loss_chunks) + (
+        FINAL_NORM_BYTES_PER_DIM * w.dim
+    )

@@ -1,0 +1,54 @@
+"""Every constant of the step model that was fitted to measurements rather than derived, in one
+place. docs/planning.md says where each comes from; tests/unit/test_planning.py checks the
+model against the measured points of tests/unit/data/planning_measured.toml."""
+
+from __future__ import annotations
+
+# ------------------------------------------------------------------------------------ memory
+
+OPTIMIZER_BYTES_PER_PARAM = 8  # AdamW / Adam: exp_avg + exp_avg_sq in fp32
+# torch.cuda.max_memory_reserved over the allocated peak: rounding, blocks cached for reuse.
+ALLOCATOR_FRAGMENTATION = 0.035
+ALLOCATOR_CONSTANT_BYTES = 0.25 * 2**30  # cuBLAS/cuDNN workspaces, small tensors, RoPE cache
+# FSDP's all-gather / reduce-scatter streams keep about this many of the largest groups cached.
+FSDP_STREAM_GROUPS = 3.3
+
+# Float8 hooks (Workload.float8): set from measurements when Float8 training lands. Float8
+# all-gather would gather 1-byte weights; fp8 matmuls run at up to 2x the bf16 peak.
+FLOAT8_GATHER_BYTES = 2
+FLOAT8_MATMUL_SPEEDUP = 1.0
+
+# Memory the card has but the caching allocator cannot use (CUDA context, NCCL buffers).
+NON_ALLOCATOR_BYTES = 2.5 * 2**30
+
+# -------------------------------------------------------------------------------------- time
+
+# Share of the card's dense bf16 peak reached by the compiled blocks' matmuls and by SDPA flash
+# attention (causal FLOPs, i.e. half the square), from per-block timings on an H100.
+MATMUL_EFFICIENCY = 0.70
+ATTENTION_EFFICIENCY = {64: 0.32, 128: 0.40}  # by head_dim, long sequences
+ATTENTION_HALF_SEQ = 1950  # sequence length (per CP rank) at which half of that is reached
+EAGER_SLOWDOWN = 0.76  # tokens/s of eager blocks relative to compiled (1B, 1x H200)
+# Bytes moved per token per vocabulary entry by the loss's forward + backward.
+LOSS_TRAFFIC_BYTES_PER_VOCAB = {"eager": 32.0, "compiled": 6.0}
+HBM_EFFICIENCY = 0.75  # achieved share of memory bandwidth in memory-bound kernels
+OPTIMIZER_TRAFFIC_BYTES_PER_PARAM = 32  # fused AdamW reads p, g, m, v, writes p, m, v; + norm
+LINK_EFFICIENCY = 0.8  # NCCL bus bandwidth over the link's datasheet bandwidth
+TP_EXPOSED = 1.0  # share of TP collectives not hidden behind compute (no async TP)
+CP_EXPOSED = 0.05  # share of ring-attention K/V exchange not hidden behind attention
+PP_P2P_EXPOSED = 0.2
+# Per optimizer step: grad-norm clipping, zeroing, the loss/norm host syncs, Python, data.
+STEP_OVERHEAD_SECONDS = 0.015
+
+# End-to-end efficiency of each parallelism, fitted to the measured tokens/s (a layout's factor
+# is the product of its parts'): kernel launch gaps, Python overhead, imperfect overlap.
+LAYOUT_EFFICIENCY = {"base": 0.98, "fsdp": 0.90, "tp": 0.92, "pp": 1.0, "cp": 1.0}
+
+
+def attention_efficiency(head_dim: int, seq_len: float) -> float:
+    """Flash attention's share of peak grows with the sequence (fewer partial and masked tiles):
+    ATTENTION_EFFICIENCY x seq / (seq + ATTENTION_HALF_SEQ), by head_dim (interpolated)."""
+    points = sorted(ATTENTION_EFFICIENCY.items())
+    (x0, y0), (x1, y1) = points[0], points[-1]
+    share = min(max((head_dim - x0) / (x1 - x0), 0.0), 1.0)
+    return (y0 + (y1 - y0) * share) * seq_len / (seq_len + ATTENTION_HALF_SEQ)

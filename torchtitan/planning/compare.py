@@ -1,0 +1,104 @@
+"""Estimates against measured steps: ``python -m torchtitan.planning.compare [POINTS.toml]``
+prints the calibration table of docs/planning.md (default: tests/unit/data/planning_measured.toml).
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchtitan.config import parse_args
+from torchtitan.planning.hardware import GIB, make_hardware
+from torchtitan.planning.layout import Layout, Workload
+from torchtitan.planning.memory import estimate_memory
+from torchtitan.planning.schedules import inflight_chunks, rank_stages
+from torchtitan.planning.timing import estimate_time
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DEFAULT_POINTS = Path(__file__).resolve().parents[2] / "tests/unit/data/planning_measured.toml"
+MEMORY_TARGET = 0.10
+TOKENS_TARGET = 0.15
+
+
+@dataclass(frozen=True)
+class Comparison:
+    name: str
+    source: str
+    memory_gib: float  # measured
+    memory_estimate_gib: float
+    tokens_per_second: float  # measured, per GPU
+    tokens_estimate: float
+    memory_tolerance: float
+    tokens_tolerance: float
+
+    @property
+    def memory_error(self) -> float:
+        return self.memory_estimate_gib / self.memory_gib - 1
+
+    @property
+    def tokens_error(self) -> float:
+        return self.tokens_estimate / self.tokens_per_second - 1
+
+
+def load_points(path: Path = DEFAULT_POINTS) -> list[dict]:
+    with open(path, "rb") as f:
+        return tomllib.load(f)["point"]
+
+
+def _legacy_kv_bytes(point: dict, work: Workload, layout: Layout) -> float:
+    """What the pre-GQA model saved on top of today's (AC-off blocks only)."""
+    extra = point.get("extra_kib_per_token_block", 0) * 1024
+    if not extra:
+        return 0.0
+    stages = rank_stages(work.model.n_layers, layout)[0]
+    tokens = layout.microbatch_size * work.seq_len / layout.cp
+    return extra * tokens * stages.n_blocks * inflight_chunks(layout, 0, stages.n_stages)
+
+
+def compare_point(point: dict) -> Comparison:
+    cfg = parse_args(shlex.split(point["args"]))
+    hw = make_hardware(point["gpus"], 1, point.get("card", "H200"))
+    layout = Layout.from_config(cfg, hw.world_size)
+    work = Workload.from_config(cfg)
+    memory = estimate_memory(work, layout).total + _legacy_kv_bytes(point, work, layout)
+    tokens = estimate_time(work, layout, hw).tokens_per_second_per_gpu
+    return Comparison(
+        name=point["name"],
+        source=point["source"],
+        memory_gib=point["memory_gib"],
+        memory_estimate_gib=memory / GIB,
+        tokens_per_second=point["tokens_per_second"],
+        tokens_estimate=tokens,
+        memory_tolerance=point.get("memory_tolerance", MEMORY_TARGET),
+        tokens_tolerance=point.get("tokens_tolerance", TOKENS_TARGET),
+    )
+
+
+def markdown_table(rows: list[Comparison]) -> str:
+    lines = [
+        "| measured step | memory est. / measured (GiB) | error | tokens/s/GPU est. / measured "
+        "| error | source |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.name} | {r.memory_estimate_gib:.1f} / {r.memory_gib:.1f} | "
+            f"{r.memory_error:+.1%} | {r.tokens_estimate:,.0f} / {r.tokens_per_second:,.0f} | "
+            f"{r.tokens_error:+.1%} | {r.source} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> None:
+    path = Path(argv[0]) if argv else DEFAULT_POINTS
+    print(markdown_table([compare_point(p) for p in load_points(path)]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

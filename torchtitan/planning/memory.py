@@ -1,0 +1,221 @@
+"""Per-GPU peak memory of a training step: what each part holds at the step's peak.
+
+The peak comes at the start of backward: the weights, optimizer state and every activation of
+the in-flight microbatches are alive, and the last stage runs the loss backward (or, on other
+pipeline ranks, the first block recomputes). Gradients are not alive yet (the trainer sets them
+to None after each step), except those that pipeline parallelism or gradient accumulation carry
+across microbatches. The sum is scaled by the calibrated allocator overhead (calibration.py),
+since the measured figure is ``torch.cuda.max_memory_reserved``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+
+from torchtitan.models.llama3 import ModelArgs
+from torchtitan.planning import calibration as cal
+from torchtitan.planning.activations import (
+    ac_kind,
+    block_bytes_per_token,
+    block_fixed_bytes,
+    loss_peak_bytes_per_token,
+    recompute_bytes_per_token,
+)
+from torchtitan.planning.layout import Layout, Workload
+from torchtitan.planning.schedules import RankStages, inflight_chunks, rank_stages
+from torchtitan.planning.shapes import Shapes, shapes
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Parameters of one rank's units after tensor parallelism (before FSDP sharding)."""
+
+    block: float
+    embedding: float
+    head: float  # final norm + output projection
+
+
+def param_counts(model: ModelArgs | Shapes, tp: int) -> ParamCounts:
+    """TP shards every projection and the embedding; the RMSNorm weights are replicated."""
+    return _param_counts(shapes(model), tp)
+
+
+@functools.lru_cache(maxsize=256)
+def _param_counts(s: Shapes, tp: int) -> ParamCounts:
+    return ParamCounts(
+        block=(s.block_params - 2 * s.dim) / tp + 2 * s.dim,
+        embedding=s.vocab * s.dim / tp,
+        head=s.vocab * s.dim / tp + s.dim,
+    )
+
+
+def rank_params(model: ModelArgs | Shapes, tp: int, stages: RankStages) -> float:
+    counts = param_counts(model, tp)
+    total = stages.n_blocks * counts.block
+    total += counts.embedding if stages.embedding else 0
+    total += counts.head if stages.head else 0
+    return total
+
+
+@dataclass
+class MemoryEstimate:
+    """Bytes by part at the peak of the worst pipeline rank (the only rank without PP)."""
+
+    parts: dict[str, float] = field(default_factory=dict)
+    pp_rank: int = 0
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+    @property
+    def total_gib(self) -> float:
+        return self.total / GIB
+
+    def largest(self, n: int = 3) -> list[tuple[str, float]]:
+        return sorted(self.parts.items(), key=lambda kv: -kv[1])[:n]
+
+    def describe(self, n: int = 3) -> str:
+        top = ", ".join(f"{name} {b / GIB:.1f}" for name, b in self.largest(n))
+        return f"{self.total_gib:.1f} GiB ({top})"
+
+
+def estimate_memory(work: Workload, layout: Layout) -> MemoryEstimate:
+    """The peak over pipeline ranks (ranks differ in stages, in-flight microbatches and loss)."""
+    estimates = [
+        _rank_memory(work, layout, stages) for stages in rank_stages(work.model.n_layers, layout)
+    ]
+    return max(estimates, key=lambda e: e.total)
+
+
+def _rank_memory(work: Workload, layout: Layout, stages: RankStages) -> MemoryEstimate:
+    parts: dict[str, float] = {}
+    params = rank_params(work.shape, layout.tp, stages)
+    shard = layout.fsdp_degree if layout.data_parallel else 1
+    parts["weights (fp32)"] = 4 * params / shard
+    parts["optimizer state"] = cal.OPTIMIZER_BYTES_PER_PARAM * params / shard
+    parts["gradients"] = _carried_gradients(work, layout, params, shard)
+    parts["bf16 weight copies"] = _working_weights(work, layout, stages, params)
+    parts["communication buffers"] = _comm_buffers(work, layout, stages)
+    parts["activations"] = _activations(work, layout, stages)
+    name, transient = _loss_or_recompute(work, layout, stages)
+    parts[name] = transient
+    overhead = cal.ALLOCATOR_FRAGMENTATION * sum(parts.values()) + cal.ALLOCATOR_CONSTANT_BYTES
+    parts["allocator overhead"] = overhead
+    return MemoryEstimate(parts, stages.pp_rank)
+
+
+def _carried_gradients(work: Workload, layout: Layout, params: float, shard: int) -> float:
+    """Gradients alive at the peak: PP accumulates unsharded gradients (in the reduce dtype)
+    over its microbatches; gradient accumulation keeps the sharded ones of earlier micro-steps."""
+    grad_bytes = 4 if work.reduce_fp32 or not layout.data_parallel else 2
+    if layout.pp > 1 and layout.data_parallel:
+        return grad_bytes * params
+    if work.accum_steps(layout) > 1 or layout.pp > 1:
+        return 4 * params / shard
+    return 0.0
+
+
+def _working_weights(work: Workload, layout: Layout, stages: RankStages, params: float) -> float:
+    """bf16 copies of the weights alive at the peak.
+
+    FSDP gathers bf16 weights per group: the head group stays gathered from its forward to its
+    backward, the last block too, and one more block is prefetched; under PP (or with
+    fsdp_reshard_after_forward=never) every gathered group stays until backward. On one GPU
+    autocast keeps a bf16 copy of the head (the blocks' copies are in block_fixed_bytes).
+    """
+    if not work.bf16:
+        return 0.0
+    counts = param_counts(work.shape, layout.tp)
+    head = counts.head if stages.head else 0.0
+    if not layout.data_parallel:
+        return 2 * head
+    gathered = cal.FLOAT8_GATHER_BYTES if work.float8 else 2
+    keep_all = layout.pp > 1 and work.reshard_policy != "always"
+    if keep_all or work.reshard_policy == "never":
+        return gathered * params
+    return gathered * (head + 2 * counts.block)
+
+
+def _comm_buffers(work: Workload, layout: Layout, stages: RankStages) -> float:
+    """FSDP's all-gather and reduce-scatter run on their own CUDA streams; the caching allocator
+    keeps what they free for those streams, about two of the largest groups each (bf16 weights,
+    gradients in the reduce dtype). PP adds its send/receive buffers per in-flight chunk."""
+    total = 0.0
+    if layout.data_parallel and work.bf16:
+        counts = param_counts(work.shape, layout.tp)
+        largest = max(
+            counts.block,
+            counts.embedding if stages.embedding else 0,
+            counts.head if stages.head else 0,
+        )
+        grad_bytes = 4 if work.reduce_fp32 else 2
+        total += cal.FSDP_STREAM_GROUPS * largest * (2 + grad_bytes)
+    if layout.pp > 1:
+        tokens = layout.microbatch_size * work.seq_len / layout.cp
+        total += 2 * 2 * tokens * work.shape.dim / layout.tp * stages.n_stages
+    return total
+
+
+def _block_kwargs(work: Workload, layout: Layout) -> dict:
+    return dict(
+        tp=layout.tp,
+        cp=layout.cp,
+        bf16=work.bf16,
+        autocast=work.bf16 and not layout.data_parallel,
+        compiled=work.compile,
+    )
+
+
+def _checkpointed_blocks(layout: Layout, n_blocks: int) -> tuple[str, int]:
+    """(kind of the checkpointed blocks, how many of n_blocks are checkpointed that way)."""
+    if layout.ac_mode == "selective" and layout.ac_option != "op":
+        every = int(layout.ac_option)
+        return "full", math.ceil(n_blocks / every)
+    return ac_kind(layout.ac_mode, layout.save_matmuls), n_blocks
+
+
+def _stage_bytes(work: Workload, layout: Layout, n_blocks: int, tokens: float) -> float:
+    kind, n_kind = _checkpointed_blocks(layout, n_blocks)
+    kwargs = _block_kwargs(work, layout)
+    model = work.shape
+    autocast = kwargs["autocast"]
+    total = n_kind * (
+        block_bytes_per_token(model, kind, **kwargs) * tokens
+        + block_fixed_bytes(model, kind, autocast, layout.tp)
+    )
+    rest = n_blocks - n_kind
+    total += rest * (
+        block_bytes_per_token(model, "none", **kwargs) * tokens
+        + block_fixed_bytes(model, "none", autocast, layout.tp)
+    )
+    return total
+
+
+def _activations(work: Workload, layout: Layout, stages: RankStages) -> float:
+    tokens = layout.microbatch_size * work.seq_len / layout.cp
+    chunks = inflight_chunks(layout, stages.pp_rank, stages.n_stages)
+    per_stage = [_stage_bytes(work, layout, n, tokens) for n in stages.layers]
+    # Held chunks spread over the rank's stages; weight them by the stages' mean.
+    return chunks * sum(per_stage) / len(per_stage)
+
+
+def _loss_or_recompute(work: Workload, layout: Layout, stages: RankStages) -> tuple[str, float]:
+    """The larger transient on top of the held activations: the loss (last stage) or one
+    checkpointed block's recompute."""
+    tokens = layout.microbatch_size * work.seq_len / layout.cp
+    kind, _ = _checkpointed_blocks(layout, max(stages.layers))
+    recompute = recompute_bytes_per_token(work.shape, kind, **_block_kwargs(work, layout)) * tokens
+    if not stages.head:
+        return "block recompute", recompute
+    compiled_loss = work.compile and work.compile_loss
+    shards = layout.tp if work.loss_parallel else 1
+    per_token = loss_peak_bytes_per_token(
+        work.shape, compiled_loss, shards, work.loss_chunks, work.bf16
+    )
+    loss = per_token * tokens
+    return ("logits + loss", loss) if loss >= recompute else ("block recompute", recompute)

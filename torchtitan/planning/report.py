@@ -1,0 +1,105 @@
+"""Text output of the planner: a table of the best layouts, their run_train.sh commands, and
+(with --explain) every rejected layout with its reason."""
+
+from __future__ import annotations
+
+from torchtitan.config import JobConfig
+from torchtitan.planning.command import planned_config, run_train_command
+from torchtitan.planning.hardware import GIB, Hardware
+from torchtitan.planning.search import Candidate, Plan, usable_bytes
+
+COLUMNS = ("#", "layout", "AC", "pipeline", "batch", "peak memory", "tokens/s/GPU", "MFU")
+
+
+def _row(index: str, c: Candidate) -> tuple[str, ...]:
+    lay = c.layout
+    batch = f"{lay.local_batch_size}"
+    mem = f"{c.memory.total_gib:.1f} GiB" if c.memory else "-"
+    tps = f"{c.tokens_per_second:,.0f}" if c.time else "-"
+    mfu = f"{c.time.mfu:.0%}" if c.time else "-"
+    return (index, lay.describe(), lay.describe_ac(), lay.describe_pp(), batch, mem, tps, mfu)
+
+
+def table(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
+    lines = []
+    for r in [COLUMNS, *rows]:
+        cells = [
+            cell.rjust(w) if i >= 4 else cell.ljust(w) for i, (cell, w) in enumerate(zip(r, widths))
+        ]
+        lines.append("  ".join(cells).rstrip())
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def describe_hardware(hw: Hardware) -> str:
+    c = hw.card
+    gpus = f"{hw.gpus_per_node} GPU" + ("s" if hw.gpus_per_node > 1 else "")
+    where = gpus if hw.nodes == 1 else f"{hw.nodes} nodes x {gpus}"
+    return (
+        f"{where} {c.name} ({c.memory_gib:.1f} GiB, {usable_bytes(hw) / GIB:.1f} usable; "
+        f"{c.tflops:.0f} TFLOP/s bf16; NVLink {c.nvlink_gbps:.0f} GB/s, network "
+        f"{c.network_gbps:.0f} GB/s per GPU)"
+    )
+
+
+def header(plan: Plan, flavor: str) -> str:
+    w = plan.workload
+    return (
+        f"Llama 3 {flavor}, seq {w.seq_len}, global batch {plan.global_batch} samples "
+        f"({plan.global_batch * w.seq_len:,} tokens) per step, "
+        f"on {describe_hardware(plan.hardware)}"
+    )
+
+
+def format_plan(
+    plan: Plan,
+    cfg: JobConfig,
+    config_file: str,
+    top: int = 5,
+    explain: bool = False,
+    current: Candidate | None = None,
+) -> str:
+    out = [header(plan, cfg.model.flavor), ""]
+    n_valid = len(plan.fits) + sum(1 for c in plan.rejected if c.memory)
+    out.append(
+        f"{len(plan.fits)} of {n_valid} valid layouts fit "
+        f"({sum(1 for c in plan.rejected if not c.memory)} more are refused by the trainer's "
+        "checks; --explain lists why). Estimates assume compiled blocks and loss."
+    )
+    if plan.fits:
+        best = plan.fits[:top]
+        out += ["", table([_row(str(i + 1), c) for i, c in enumerate(best)]), ""]
+        for i, c in enumerate(best):
+            job = planned_config(cfg, c.layout, plan.global_batch)
+            out.append(f"{i + 1}: {run_train_command(job, config_file, plan.hardware)}")
+        out += ["", "largest parts of #1: " + plan.fits[0].memory.describe(4)]
+    else:
+        out += ["", "nothing fits; the layouts closest to fitting:"]
+        closest = sorted((c for c in plan.rejected if c.memory), key=lambda c: c.memory.total)
+        out.append(table([_row("-", c) for c in closest[:top]]))
+    if current is not None:
+        out += ["", _describe_current(current)]
+    if explain:
+        out += ["", "rejected layouts:"]
+        out += [
+            f"  {c.layout.describe():>14} {_rejected_detail(c)}: {c.reason}" for c in plan.rejected
+        ]
+    return "\n".join(out)
+
+
+def _rejected_detail(c: Candidate) -> str:
+    lay = c.layout
+    ac = lay.describe_ac() if c.memory else "any AC"
+    return f"batch {lay.local_batch_size}, {ac}, pipeline {lay.describe_pp()}"
+
+
+def _describe_current(c: Candidate) -> str:
+    if c.reason and not c.memory:
+        return f"the config as given: refused by the trainer: {c.reason}"
+    verdict = f"does not fit: {c.reason}" if c.reason else "fits"
+    return (
+        f"the config as given ({c.layout.describe()}, AC {c.layout.describe_ac()}, batch "
+        f"{c.layout.local_batch_size}): {c.memory.describe()}, "
+        f"~{c.tokens_per_second:,.0f} tokens/s/GPU; {verdict}"
+    )

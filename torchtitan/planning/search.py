@@ -1,0 +1,142 @@
+"""Enumerate every layout of a job on some hardware, drop the ones the trainer would refuse or
+that do not fit, and rank the rest by estimated tokens/s per GPU.
+
+Validity is decided by the trainer's own checks (torchtitan.preflight.check_parallelism and
+gradient_accumulation_steps), so the planner never proposes a layout the trainer refuses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from torchtitan.config import ConfigError, JobConfig
+from torchtitan.parallel.pipeline import SCHEDULES
+from torchtitan.planning import calibration as cal
+from torchtitan.planning.command import planned_config
+from torchtitan.planning.hardware import GIB, Hardware
+from torchtitan.planning.layout import Layout, Workload
+from torchtitan.planning.memory import MemoryEstimate, estimate_memory
+from torchtitan.planning.timing import TimeEstimate, estimate_time
+
+# (mode, selective_ac_option, save_matmuls): from most memory to least.
+AC_CHOICES = (
+    ("none", "op", "all"),
+    ("selective", "op", "all"),
+    ("selective", "op", "alternate"),
+    ("selective", "2", "all"),
+    ("full", "op", "all"),
+)
+PP_SCHEDULES = tuple(s for s in SCHEDULES if s != "CSV")
+
+
+@dataclass
+class Candidate:
+    layout: Layout
+    memory: MemoryEstimate | None = None
+    time: TimeEstimate | None = None
+    reason: str = ""  # why it was rejected; empty if it fits
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.time.tokens_per_second_per_gpu if self.time else 0.0
+
+
+@dataclass
+class Plan:
+    hardware: Hardware
+    workload: Workload
+    global_batch: int  # samples per optimizer step, kept by every layout
+    fits: list[Candidate] = field(default_factory=list)  # best first
+    rejected: list[Candidate] = field(default_factory=list)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def degree_tuples(world: int) -> list[tuple[int, int, int, int, int]]:
+    """(pp, dp_replicate, dp_shard, cp, tp) whose product is the world size."""
+    out = []
+    for pp in _divisors(world):
+        for tp in _divisors(world // pp):
+            for cp in _divisors(world // pp // tp):
+                rest = world // pp // tp // cp
+                for rep in _divisors(rest):
+                    out.append((pp, rep, rest // rep, cp, tp))
+    return out
+
+
+def kept_global_batch(cfg: JobConfig, world: int) -> int:
+    """The global batch every layout keeps: the configured one, or what the config's own
+    layout would run on this many GPUs (local batch x its data-parallel degree)."""
+    if cfg.training.global_batch_size > 0:
+        return cfg.training.global_batch_size
+    return cfg.training.local_batch_size * Layout.from_config(cfg, world).dp_degree
+
+
+def _structures(world: int, global_batch: int):
+    """Layouts without AC choices: degrees x local batch x pipeline schedule/microbatch."""
+    for pp, rep, shard, cp, tp in degree_tuples(world):
+        dp = rep * shard
+        per_rank = global_batch // dp if global_batch % dp == 0 else 0
+        locals_ = _divisors(per_rank) if per_rank else [max(1, global_batch // dp)]
+        for local in locals_:
+            base = Layout(rep, shard, cp, tp, pp, local_batch_size=local)
+            if pp == 1:
+                yield base
+                continue
+            for schedule in PP_SCHEDULES:
+                for mb in _divisors(local):
+                    yield dataclasses.replace(base, pp_schedule=schedule, pp_microbatch_size=mb)
+
+
+def check_job(job: JobConfig, layout: Layout, world: int, model_args) -> str:
+    """The trainer's reason to refuse ``job`` (which runs ``layout``), or "" if it accepts it.
+    Async TP is left out: it needs a GPU where the planner runs, and the model ignores it."""
+    from torchtitan.preflight import check_parallelism, gradient_accumulation_steps
+
+    p = dataclasses.replace(job.parallelism, enable_async_tensor_parallel=False)
+    try:
+        check_parallelism(dataclasses.replace(job, parallelism=p), model_args, world)
+        gradient_accumulation_steps(job, layout.dp_degree)
+    except ConfigError as e:
+        return str(e)
+    return ""
+
+
+def usable_bytes(hw: Hardware) -> float:
+    return hw.memory_bytes - cal.NON_ALLOCATOR_BYTES
+
+
+def evaluate(work: Workload, layout: Layout, hw: Hardware) -> Candidate:
+    memory = estimate_memory(work, layout)
+    candidate = Candidate(layout, memory, estimate_time(work, layout, hw))
+    if memory.total > usable_bytes(hw):
+        name, part = memory.largest(1)[0]
+        candidate.reason = (
+            f"needs {memory.total_gib:.1f} GiB of {usable_bytes(hw) / GIB:.1f} GiB usable "
+            f"(largest: {name} {part / GIB:.1f} GiB)"
+        )
+    return candidate
+
+
+def search(cfg: JobConfig, work: Workload, hw: Hardware) -> Plan:
+    """Every valid layout of ``cfg`` on ``hw``: those that fit ranked by tokens/s per GPU."""
+    world = hw.world_size
+    global_batch = kept_global_batch(cfg, world)
+    plan = Plan(hw, work.with_(global_batch_size=global_batch), global_batch)
+    for structure in _structures(world, global_batch):
+        job = planned_config(cfg, structure, global_batch)
+        reason = check_job(job, structure, world, work.model)
+        if reason:  # whatever the activation checkpointing
+            plan.rejected.append(Candidate(structure, reason=reason))
+            continue
+        for mode, option, save in AC_CHOICES:
+            layout = dataclasses.replace(
+                structure, ac_mode=mode, ac_option=option, save_matmuls=save
+            )
+            candidate = evaluate(plan.workload, layout, hw)
+            (plan.rejected if candidate.reason else plan.fits).append(candidate)
+    plan.fits.sort(key=lambda c: (-c.tokens_per_second, c.memory.total))
+    return plan

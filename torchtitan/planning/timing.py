@@ -1,0 +1,185 @@
+"""Per-GPU step time of a layout: compute at an achievable share of the card's peak, the
+communication that is not hidden behind it, the pipeline bubble and the optimizer step.
+
+All times are seconds per optimizer step on the slowest pipeline rank.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from torchtitan.planning import calibration as cal
+from torchtitan.planning.activations import ac_kind
+from torchtitan.planning.hardware import Hardware
+from torchtitan.planning.layout import Layout, Workload
+from torchtitan.planning.memory import param_counts, rank_params
+from torchtitan.planning.schedules import RankStages, bubble_fraction, rank_stages
+from torchtitan.planning.shapes import Shapes
+
+
+@dataclass
+class TimeEstimate:
+    parts: dict[str, float] = field(default_factory=dict)  # seconds per step
+    efficiency: float = 1.0  # calibrated end-to-end factor of the layout
+    tokens_per_step: int = 0  # the whole job's
+    world_size: int = 1
+    flops_per_token: float = 0.0  # the trainer's formula (for MFU)
+    peak_flops: float = 1.0
+
+    @property
+    def step_seconds(self) -> float:
+        return sum(self.parts.values()) / self.efficiency
+
+    @property
+    def tokens_per_second_per_gpu(self) -> float:
+        return self.tokens_per_step / self.step_seconds / self.world_size
+
+    @property
+    def mfu(self) -> float:
+        return self.flops_per_token * self.tokens_per_second_per_gpu / self.peak_flops
+
+
+RECOMPUTED = {"none": (), "all": (), "alternate": ("wk", "wo", "w3")}
+
+
+def _recomputed_share(model: Shapes, layout: Layout) -> tuple[float, float]:
+    """(share of block forward matmul FLOPs, share of attention forward) that AC recomputes."""
+    kind = ac_kind(layout.ac_mode, layout.save_matmuls)
+    if layout.ac_mode == "selective" and layout.ac_option != "op":
+        share = math.ceil(model.n_layers / int(layout.ac_option)) / model.n_layers
+        return share, share
+    if kind == "full":
+        return 1.0, 1.0
+    linear = model.linears
+    return sum(linear[n] for n in RECOMPUTED[kind]) / model.block_linear, 0.0
+
+
+def _compute_seconds(work: Workload, layout: Layout, hw: Hardware, stages: RankStages) -> float:
+    """Matmuls, attention and the loss of one rank for one optimizer step."""
+    model, peak = work.shape, hw.card.tflops * 1e12
+    tokens = layout.local_batch_size * work.seq_len * work.accum_steps(layout) / layout.cp
+    mm_share, attn_share = _recomputed_share(model, layout)
+    block_mm = 2 * model.block_linear / layout.tp  # forward FLOPs per token
+    attn = 2 * work.seq_len * model.q / layout.tp  # causal forward
+    blocks = stages.n_blocks * tokens
+    speedup = cal.FLOAT8_MATMUL_SPEEDUP if work.float8 else 1.0
+    seconds = blocks * block_mm * (3 + mm_share) / (cal.MATMUL_EFFICIENCY * peak * speedup)
+    attn_eff = cal.attention_efficiency(model.head_dim, work.seq_len / layout.cp)
+    seconds += blocks * attn * (3 + attn_share) / (attn_eff * peak)
+    if stages.head:
+        head_flops = tokens * 6 * model.vocab * model.dim / layout.tp
+        seconds += head_flops / (cal.MATMUL_EFFICIENCY * peak)
+        kind = "compiled" if work.compile and work.compile_loss else "eager"
+        vocab = model.vocab / (layout.tp if work.loss_parallel else 1)
+        traffic = cal.LOSS_TRAFFIC_BYTES_PER_VOCAB[kind] * vocab * tokens
+        seconds += traffic / (hw.card.hbm_gbps * 1e9 * cal.HBM_EFFICIENCY)
+    if not work.compile:
+        seconds /= cal.EAGER_SLOWDOWN
+    return seconds
+
+
+def _ring_seconds(nbytes: float, group: int, gbps: float) -> float:
+    """A ring all-gather / reduce-scatter of ``nbytes`` (the full tensor) over ``group`` ranks."""
+    if group <= 1:
+        return 0.0
+    return nbytes * (group - 1) / group / (gbps * 1e9 * cal.LINK_EFFICIENCY)
+
+
+def _fsdp_seconds(work: Workload, layout: Layout, hw: Hardware, stages: RankStages) -> tuple:
+    """(total, not overlappable) seconds of FSDP/HSDP/DDP traffic per step."""
+    if not layout.data_parallel:
+        return 0.0, 0.0
+    params = rank_params(work.shape, layout.tp, stages)
+    n = layout.fsdp_degree
+    shard_bw = hw.link_gbps(n, layout.tp)
+    grad_bytes = 4 if work.reduce_fp32 else 2
+    gathers = (
+        1
+        if layout.pp > 1
+        else work.accum_steps(layout) * (1 if work.reshard_policy == "never" else 2)
+    )
+    reduces = 1 if layout.pp > 1 else work.accum_steps(layout)
+    gather = _ring_seconds(2 * params, n, shard_bw)
+    reduce = _ring_seconds(grad_bytes * params, n, shard_bw)
+    total = gathers * gather + reduces * reduce
+    r = layout.dp_replicate
+    if r > 1:
+        rep_bw = hw.link_gbps(r, layout.dp_shard * layout.cp * layout.tp)
+        total += 2 * _ring_seconds(grad_bytes * params / n, r, rep_bw)
+    counts = param_counts(work.shape, layout.tp)
+    largest = max(counts.embedding, counts.block) / max(params, 1)
+    return total, largest * (gather + reduce)
+
+
+def _tp_cp_pp_seconds(work: Workload, layout: Layout, hw: Hardware, stages: RankStages) -> float:
+    """Exposed seconds of TP collectives, CP ring exchange and PP sends per step."""
+    model = work.shape
+    micro_tokens = layout.microbatch_size * work.seq_len / layout.cp
+    n_micro = layout.n_microbatches * work.accum_steps(layout)
+    seconds = 0.0
+    if layout.tp > 1:
+        per_block = 8 if layout.ac_mode != "full" else 10  # fwd 2 AG + 2 RS, bwd as many
+        size = micro_tokens * model.dim * 2
+        count = stages.n_blocks * per_block + 4 * (stages.embedding + stages.head)
+        tp_bw = hw.link_gbps(layout.tp, 1)
+        seconds += cal.TP_EXPOSED * n_micro * count * _ring_seconds(size, layout.tp, tp_bw)
+    if layout.cp > 1:
+        kv = 2 * model.kv * 2 * micro_tokens * layout.cp / layout.tp
+        cp_bw = hw.link_gbps(layout.cp, layout.tp)
+        ring = 3 * _ring_seconds(kv, layout.cp, cp_bw)  # forward gather, backward gather + RS
+        seconds += cal.CP_EXPOSED * n_micro * stages.n_blocks * ring
+    if layout.pp > 1:
+        size = micro_tokens * model.dim * 2 / layout.tp
+        stride = layout.dp_replicate * layout.dp_shard * layout.cp * layout.tp
+        pp_bw = hw.link_gbps(2, stride) * 1e9 * cal.LINK_EFFICIENCY
+        sends = 2 * n_micro * stages.n_stages
+        seconds += cal.PP_P2P_EXPOSED * sends * size / pp_bw
+    return seconds
+
+
+def layout_efficiency(layout: Layout) -> float:
+    eff = cal.LAYOUT_EFFICIENCY["base"]
+    features = {
+        "fsdp": layout.data_parallel,
+        "tp": layout.tp > 1,
+        "pp": layout.pp > 1,
+        "cp": layout.cp > 1,
+    }
+    for name, on in features.items():
+        if on:
+            eff *= cal.LAYOUT_EFFICIENCY[name]
+    return eff
+
+
+def _rank_parts(work: Workload, layout: Layout, hw: Hardware, stages: RankStages) -> dict:
+    compute = _compute_seconds(work, layout, hw, stages)
+    fsdp_total, fsdp_edges = _fsdp_seconds(work, layout, hw, stages)
+    params = rank_params(work.shape, layout.tp, stages)
+    shard = layout.fsdp_degree if layout.data_parallel else 1
+    hbm = hw.card.hbm_gbps * 1e9 * cal.HBM_EFFICIENCY
+    return {
+        "compute": compute,
+        "FSDP communication": fsdp_edges + max(0.0, fsdp_total - compute),
+        "TP/CP/PP communication": _tp_cp_pp_seconds(work, layout, hw, stages),
+        "optimizer": cal.OPTIMIZER_TRAFFIC_BYTES_PER_PARAM * params / shard / hbm,
+        "per-step overhead": cal.STEP_OVERHEAD_SECONDS,
+    }
+
+
+def estimate_time(work: Workload, layout: Layout, hw: Hardware) -> TimeEstimate:
+    ranks = rank_stages(work.model.n_layers, layout)
+    per_rank = [_rank_parts(work, layout, hw, stages) for stages in ranks]
+    parts = max(per_rank, key=lambda p: sum(p.values()))
+    bubble = max(bubble_fraction(layout, stages.n_stages) for stages in ranks)
+    if bubble:
+        parts["pipeline bubble"] = parts["compute"] * bubble / (1 - bubble)
+    samples = work.global_samples(layout)
+    return TimeEstimate(
+        parts=parts,
+        efficiency=layout_efficiency(layout),
+        tokens_per_step=samples * work.seq_len,
+        world_size=layout.world_size,
+        flops_per_token=work.model.flops_per_token(work.seq_len),
+        peak_flops=hw.card.tflops * 1e12,
+    )
