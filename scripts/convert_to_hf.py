@@ -25,45 +25,27 @@ import argparse
 import json
 import os
 import re
-import shutil
 import sys
-import warnings
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
+SCRIPTS = Path(__file__).resolve().parent
+sys.path[:0] = [str(SCRIPTS.parent), str(SCRIPTS)]
 
 import torch  # noqa: E402
+from _hf_cli import check_out_dir, fresh_temporary, publish, run_cli  # noqa: E402
 
+from torchtitan.checkpoint import find_checkpoint, load_safely, read_metadata  # noqa: E402
+from torchtitan.dtypes import DTYPES, dtype_from_name  # noqa: E402
 from torchtitan.models.llama3 import MODEL_FLAVORS, ModelArgs, get_model_args, hf  # noqa: E402
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 MODEL_PREFIX = "model."
-
-
-def find_checkpoint(path: Path, step: int | None) -> Path:
-    """The DCP checkpoint folder to read: ``path`` itself, ``path/step-N``, or the latest step."""
-    if step is not None:
-        path = path / f"step-{step}"
-    elif not (path / ".metadata").is_file() and path.is_dir():
-        steps = [
-            (int(m.group(1)), p)
-            for p in path.iterdir()
-            if (m := re.fullmatch(r"step-(\d+)", p.name)) and (p / ".metadata").is_file()
-        ]
-        if steps:
-            path = max(steps)[1]
-    if not (path / ".metadata").is_file():
-        raise ValueError(f"no complete DCP checkpoint at {path} (its .metadata file is missing)")
-    return path
 
 
 def checkpoint_tensors(ckpt: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """Our parameter name -> (shape, stored dtype), from the checkpoint's metadata only."""
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    metadata = FileSystemReader(str(ckpt)).read_metadata()
+    metadata = read_metadata(ckpt)
     out = {}
     for key, md in metadata.state_dict_metadata.items():
         if key.startswith(MODEL_PREFIX) and isinstance(md, TensorStorageMetadata):
@@ -139,28 +121,12 @@ def plan_shards(names: list[str], nbytes: dict[str, int], max_bytes: int) -> lis
     return shards
 
 
-def check_out_dir(out: Path) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ValueError(f"output folder {out} already exists and is not empty; choose another")
-
-
-def publish(tmp: Path, out: Path) -> None:
-    """Rename the finished temporary folder to ``out`` (an empty ``out`` is replaced)."""
-    check_out_dir(out)
-    if out.exists():
-        out.rmdir()
-    tmp.rename(out)
-
-
 def load_from_dcp(ckpt: Path, names: list[str], tensors: dict) -> dict[str, torch.Tensor]:
-    import torch.distributed.checkpoint as dcp
-
+    """The tensors ``names`` of the checkpoint's model, in their stored dtype."""
     state = {
         "model": {n: torch.empty(tensors[n][0], dtype=tensors[n][1]) for n in names},
     }
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.load(state, checkpoint_id=str(ckpt), no_dist=True)
+    load_safely(state, ckpt)
     return state["model"]
 
 
@@ -180,14 +146,13 @@ def convert(
     check_out_dir(out)
     tensors = checkpoint_tensors(ckpt)
     flavor, args = resolve_args(tensors, flavor, overrides or {}, ckpt)
-    torch_dtype = DTYPES[dtype]
+    torch_dtype = dtype_from_name(dtype)
     names = list(hf.expected_shapes(args))  # HF's usual order: embeddings, layers, norm, head
     itemsize = torch.empty((), dtype=torch_dtype).element_size()
     nbytes = {n: itemsize * torch.Size(tensors[n][0]).numel() for n in names}
     shards = plan_shards(names, nbytes, max_shard_bytes)
 
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = fresh_temporary(out)
     tmp.mkdir(parents=True)
     umask = os.umask(0)
     os.umask(umask)
@@ -225,7 +190,7 @@ def convert(
     return flavor, args
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--checkpoint", required=True, type=Path, help="DCP checkpoint folder")
     p.add_argument("--step", type=int, help="read CHECKPOINT/step-N (default: the latest)")
@@ -250,35 +215,36 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="config.json max_position_embeddings (default: max_seq_len, 131072 with RoPE scaling)",
     )
-    a = p.parse_args(argv)
-    try:
-        ckpt = find_checkpoint(a.checkpoint, a.step)
-        overrides = dict(parse_override(o) for o in a.override)
-        bos = eos = None
-        if a.tokenizer:
-            from torchtitan.data.tokenizer import Tokenizer
+    return p
 
-            tok = Tokenizer(a.tokenizer)
-            bos, eos = tok.bos_id, tok.eos_id
-        flavor, args = convert(
-            ckpt,
-            a.out,
-            a.flavor,
-            overrides,
-            a.dtype,
-            parse_size(a.max_shard_size),
-            bos,
-            eos,
-            a.max_position_embeddings,
-        )
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except ImportError as e:
-        print(f"error: {e}; install the hf extra: pip install -e '.[hf]'", file=sys.stderr)
-        return 1
-    print(f"exported {ckpt} (flavor {flavor}, {args.num_params():,} parameters) to {a.out}")
-    return 0
+
+def export(a: argparse.Namespace) -> str:
+    """The conversion the command line asks for; -> the summary line."""
+    ckpt = find_checkpoint(a.checkpoint, a.step)
+    overrides = dict(parse_override(o) for o in a.override)
+    bos = eos = None
+    if a.tokenizer:
+        from torchtitan.data.tokenizer import Tokenizer
+
+        tok = Tokenizer(a.tokenizer)
+        bos, eos = tok.bos_id, tok.eos_id
+    flavor, args = convert(
+        ckpt,
+        a.out,
+        a.flavor,
+        overrides,
+        a.dtype,
+        parse_size(a.max_shard_size),
+        bos,
+        eos,
+        a.max_position_embeddings,
+    )
+    return f"exported {ckpt} (flavor {flavor}, {args.num_params():,} parameters) to {a.out}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    return run_cli(lambda: export(a))
 
 
 if __name__ == "__main__":

@@ -16,12 +16,12 @@ from torch.distributed.tensor import DTensor
 
 from torchtitan import runtime
 from torchtitan.checkpoint import CheckpointManager, TrainState, save_seed_checkpoint
+from torchtitan.checkpoint.hf_load import load_hf_weights
 from torchtitan.config import JobConfig, parse_args
 from torchtitan.data.loader import build_dataloader
 from torchtitan.loss import cross_entropy_sum, linear_cross_entropy_sum, loss_context
 from torchtitan.metrics import MetricsLogger, StepStats
 from torchtitan.model_build import build_model_parts, build_seed_model, per_step_loss
-from torchtitan.models.llama3.hf import load_hf_weights
 from torchtitan.observability import flight_recorder
 from torchtitan.observability.fault_injection import FaultInjector
 from torchtitan.observability.numerics import NonFiniteError, NonFiniteGuard

@@ -46,7 +46,9 @@ def run_checked(cmd: list[str], timeout: int) -> str:
 
     The whole process tree is killed on timeout, so a hung rank cannot outlive the test.
     """
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    # PYTHONPATH: scripts launched by path import this checkout's torchtitan, not an installed one.
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
     proc = subprocess.Popen(
         cmd,
         cwd=ROOT,

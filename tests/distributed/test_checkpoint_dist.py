@@ -23,7 +23,8 @@ def test_fsdp4_checkpoint_resumes_under_fsdp2_tp2(tmp_path):
         str(WORKER),
         str(tmp_path / "dump"),
     ]
-    proc = start(cmd, log)
+    # PYTHONPATH: this checkout's torchtitan, not an installed one
+    proc = start(cmd, log, env={"PYTHONPATH": str(ROOT)})
     wait_all([proc], [log], timeout=240)
     out = log.read_text()
     assert "CHECKPOINT-DIST OK" in out, out[-3000:]

@@ -61,6 +61,24 @@ LAYOUTS = {
             "--parallelism.tensor_parallel_degree=2",
         ],
     ),
+    # The fused chunked head + loss (chunks that cut across samples), and the fused AdamW whose
+    # found_inf input carries the non-finite check without a per-step sync.
+    "fsdp2_chunked_loss_fused_adamw": (
+        2,
+        [
+            "--training.local_batch_size=4",
+            "--training.loss_chunk_tokens=100",
+            "--optimizer.implementation=fused",
+        ],
+    ),
+    "fsdp2_cp2_chunked_loss": (
+        4,
+        [
+            "--training.local_batch_size=4",
+            "--parallelism.context_parallel_degree=2",
+            "--training.loss_chunk_tokens=48",
+        ],
+    ),
     "fsdp2_tp2_compile_loss_selective_op": (
         4,
         [

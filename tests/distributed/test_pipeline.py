@@ -48,6 +48,7 @@ LAYOUTS = {
         + ["--parallelism.pipeline_parallel_microbatch_size=1", "--training.local_batch_size=2"],
     ),
     "pp2_tp2_1f1b": (4, pp(2, "1F1B") + MB1 + ["--parallelism.tensor_parallel_degree=2"]),
+    "pp2_1f1b_chunked_loss": (2, pp(2, "1F1B") + MB1 + ["--training.loss_chunk_tokens=40"]),
     "pp2_fsdp2_tp2_interleaved": (
         8,
         pp(2, "Interleaved1F1B")

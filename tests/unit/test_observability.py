@@ -18,7 +18,7 @@ from torchtitan.config import Comm, Profiling
 from torchtitan.observability import fault_injection as fi
 from torchtitan.observability import flight_recorder as fr
 from torchtitan.observability import hang_report
-from torchtitan.observability.numerics import NonFiniteError, check_finite
+from torchtitan.observability.numerics import NonFiniteError, NonFiniteGuard, check_finite
 from torchtitan.observability.profiling import maybe_profile
 
 # --------------------------------------------------------------------------- fault injection
@@ -419,3 +419,50 @@ def test_fault_attempt_matches_only_that_restart(monkeypatch):
     assert fault.matches("kill", 7, 1)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     assert not fault.matches("kill", 7, 1)
+
+
+# --------------------------------------------------------------------------- NonFiniteGuard
+
+
+def _fused_model_and_optimizer():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    model(torch.randn(2, 4)).sum().backward()
+    return model, optimizer
+
+
+def test_guard_defers_with_fused_optimizers_and_skips_the_update():
+    model, optimizer = _fused_model_and_optimizer()
+    before = [p.detach().clone() for p in model.parameters()]
+    guard = NonFiniteGuard("stop", [optimizer], logging.getLogger("test"))
+    assert guard.deferred
+    nan = torch.tensor(float("nan"))
+    assert guard.before_optimizer_step(4, torch.tensor(1.0), nan)  # no read, no raise yet
+    optimizer.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    with pytest.raises(NonFiniteError, match=r"grad_norm \(nan\) at step 4"):
+        guard.resolve()
+    # A finite step updates as usual.
+    guard.before_optimizer_step(5, torch.tensor(1.0), torch.tensor(2.0))
+    optimizer.step()
+    guard.resolve()
+    assert not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_guard_skip_policy_logs_the_step(caplog):
+    _, optimizer = _fused_model_and_optimizer()
+    guard = NonFiniteGuard("skip", [optimizer], logging.getLogger("test"))
+    guard.before_optimizer_step(3, torch.tensor(float("inf")), torch.tensor(1.0))
+    with caplog.at_level(logging.WARNING):
+        guard.resolve()
+    assert "step 3 skipped: non-finite loss inf" in caplog.text
+
+
+def test_guard_reads_at_once_with_unfused_optimizers():
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), foreach=True)
+    guard = NonFiniteGuard("skip", [optimizer], logging.getLogger("test"))
+    assert not guard.deferred
+    assert not guard.before_optimizer_step(2, torch.tensor(float("nan")), torch.tensor(1.0))
+    assert guard.before_optimizer_step(3, torch.tensor(1.0), torch.tensor(1.0))

@@ -6,7 +6,11 @@ import pytest
 
 from torchtitan.config import parse_args
 from torchtitan.models.llama3 import get_model_args
-from torchtitan.planning.activations import block_bytes_per_token, loss_peak_bytes_per_token
+from torchtitan.planning.activations import (
+    block_bytes_per_token,
+    fused_loss_peak_bytes,
+    loss_peak_bytes_per_token,
+)
 from torchtitan.planning.compare import compare_point, load_points
 from torchtitan.planning.hardware import make_hardware
 from torchtitan.planning.layout import Layout, Workload
@@ -64,14 +68,19 @@ def test_block_bytes_reproduce_the_gpu_measurement(flavor, measured):
         assert block_bytes_per_token(model, kind) / KIB == pytest.approx(kib, abs=0.01)
 
 
-def test_loss_bytes_and_the_chunked_loss_hook():
+def test_loss_bytes_and_the_chunked_loss():
     model = get_model_args("8B")
     eager = loss_peak_bytes_per_token(model, compiled_loss=False)
     assert eager == 14 * 128256 + 8 * 4096  # bf16 logits + fp32 copy, its softmax, gradients
     assert loss_peak_bytes_per_token(model, compiled_loss=True) == 4 * 128256 + 8 * 4096
-    chunked = loss_peak_bytes_per_token(model, compiled_loss=False, loss_chunks=4)
-    assert chunked == (2 + 12 / 4) * 128256 + 8 * 4096
     assert loss_peak_bytes_per_token(model, False, vocab_shards=2) < eager
+    # Fused head + loss over 8,192 tokens in chunks of 1,024: one chunk's logits and gradient,
+    # the fp32 head gradient, and per token the input gradient and the final norm.
+    fused = fused_loss_peak_bytes(model, 8192, 1024)
+    assert fused == 1024 * 128256 * 8 + 128256 * 4096 * 4 + 8192 * 4096 * (2 + 8)
+    compiled = loss_peak_bytes_per_token(model, compiled_loss=True) * 8192
+    assert fused < compiled
+    assert fused_loss_peak_bytes(model, 100, 1024) < fused  # a chunk never exceeds the tokens
 
 
 # ------------------------------------------------------------------------------ invariants

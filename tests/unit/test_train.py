@@ -92,3 +92,24 @@ def test_activation_checkpointing_keeps_loss_and_grads(tmp_path, mode, option, m
     assert checkpointed.keys() == reference.keys()
     for name, grad in reference.items():
         torch.testing.assert_close(checkpointed[name], grad, rtol=1e-5, atol=1e-7)
+
+
+def test_chunked_loss_matches_the_logits_loss(tmp_path):
+    plain = make_trainer(tmp_path / "plain", "--training.steps=3")
+    chunked = make_trainer(
+        tmp_path / "chunked", "--training.steps=3", "--training.loss_chunk_tokens=50"
+    )
+    assert chunked.model.defer_head and not plain.model.defer_head
+    expected, got = plain.train(), chunked.train()
+    plain.close()
+    chunked.close()
+    assert got == pytest.approx(expected, rel=1e-5)
+
+
+def test_chunked_loss_refuses_tensor_parallel():
+    from torchtitan.config import ConfigError
+
+    with pytest.raises(ConfigError, match="loss_chunk_tokens does not combine with tensor"):
+        parse_args(
+            [*TINY, "--training.loss_chunk_tokens=8", "--parallelism.tensor_parallel_degree=2"]
+        )

@@ -27,6 +27,7 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 
+from torchtitan.dtypes import DTYPES
 from torchtitan.parallel.activation_checkpoint import apply_ac
 from torchtitan.parallel.compile import apply_compile
 from torchtitan.parallel.float8 import apply_float8, float8_tp_plan, float8_tp_styles
@@ -42,9 +43,6 @@ if TYPE_CHECKING:  # only annotations: keeps the config module free to import pa
 LLAMA_BLOCKS = "layers"  # an nn.ModuleDict of TransformerBlock, keys "0".."n_layers-1"
 LLAMA_INPUT_MODULES = ("tok_embeddings",)
 LLAMA_OUTPUT_MODULES = ("norm", "output")
-
-# Until torchtitan/dtypes.py (the one name -> dtype map) lands and replaces it.
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def llama_block_plan(float8: bool = False) -> dict[str, ParallelStyle]:

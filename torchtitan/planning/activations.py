@@ -114,22 +114,35 @@ LOSS_BYTES_PER_VOCAB = {"eager": (2.0, 12.0), "compiled": (2.0, 2.0)}
 FINAL_NORM_BYTES_PER_DIM = 8  # eager final RMSNorm (fp32 internals) + the head's bf16 input
 
 
+# The fused, chunked head + loss (training.loss_chunk_tokens): per token of a chunk, its bf16
+# logits, the fused softmax's bf16 gradient and fp32 temporaries; per vocabulary row, the fp32
+# weight gradient held from forward to backward; per token of the batch, the bf16 input gradient.
+FUSED_LOSS_BYTES_PER_CHUNK_VOCAB = 8.0
+FUSED_LOSS_WEIGHT_GRAD_BYTES = 4.0
+FUSED_LOSS_INPUT_GRAD_BYTES = 2.0
+
+
+def fused_loss_peak_bytes(model: ModelArgs | Shapes, tokens: float, chunk_tokens: int) -> float:
+    """Peak bytes of the fused head + loss over ``tokens`` tokens, ``chunk_tokens`` at a time."""
+    w = shapes(model)
+    chunk = min(chunk_tokens, tokens)
+    return (
+        chunk * w.vocab * FUSED_LOSS_BYTES_PER_CHUNK_VOCAB
+        + w.vocab * w.dim * FUSED_LOSS_WEIGHT_GRAD_BYTES
+        + tokens * w.dim * (FUSED_LOSS_INPUT_GRAD_BYTES + FINAL_NORM_BYTES_PER_DIM)
+    )
+
+
 def loss_peak_bytes_per_token(
     model: ModelArgs | Shapes,
     compiled_loss: bool,
     vocab_shards: int = 1,
-    loss_chunks: int = 1,
     bf16: bool = True,
 ) -> float:
-    """Peak bytes of final norm + head output + loss forward/backward, per token.
-
-    loss_chunks: a chunked loss (not in the trainer yet) would keep 1/loss_chunks of the
-    loss's own fp32 tensors alive at a time; the bf16 logits stay whole.
-    """
+    """Peak bytes of final norm + head output + loss forward/backward, per token (the
+    unfused loss; ``fused_loss_peak_bytes`` is the chunked one)."""
     logits, loss_part = LOSS_BYTES_PER_VOCAB["compiled" if compiled_loss else "eager"]
     if not bf16:
         logits, loss_part = 4.0, loss_part + 4.0
     w = shapes(model)
-    return w.vocab / vocab_shards * (logits + loss_part / loss_chunks) + (
-        FINAL_NORM_BYTES_PER_DIM * w.dim
-    )
+    return w.vocab / vocab_shards * (logits + loss_part) + (FINAL_NORM_BYTES_PER_DIM * w.dim)

@@ -167,8 +167,7 @@ class Workload:
     compile_loss: bool = False  # with compile: the loss is compiled too
     loss_parallel: bool = True  # with TP: the loss works on vocab-sharded logits
     reshard_policy: str = "default"  # parallelism.fsdp_reshard_after_forward
-    # Hooks for features other engineers add; the model already takes them into account.
-    loss_chunks: int = 1  # a chunked loss keeps 1/loss_chunks of the fp32 logits at a time
+    loss_chunk_tokens: int = 0  # training.loss_chunk_tokens: the fused, chunked head + loss
     float8: bool = False  # Float8 linears: calibration.FLOAT8_* say what it changes
 
     @classmethod
@@ -184,7 +183,7 @@ class Workload:
             compile_loss=cfg.compile.loss,
             loss_parallel=not p.disable_loss_parallel,
             reshard_policy=p.fsdp_reshard_after_forward,
-            loss_chunks=getattr(t, "loss_chunks", 1),  # the chunked loss's field, once it exists
+            loss_chunk_tokens=t.loss_chunk_tokens,
         )
 
     @functools.cached_property

@@ -20,6 +20,7 @@ from torchtitan.planning.activations import (
     ac_kind,
     block_bytes_per_token,
     block_fixed_bytes,
+    fused_loss_peak_bytes,
     loss_peak_bytes_per_token,
     recompute_bytes_per_token,
 )
@@ -212,10 +213,10 @@ def _loss_or_recompute(work: Workload, layout: Layout, stages: RankStages) -> tu
     recompute = recompute_bytes_per_token(work.shape, kind, **_block_kwargs(work, layout)) * tokens
     if not stages.head:
         return "block recompute", recompute
-    compiled_loss = work.compile and work.compile_loss
-    shards = layout.tp if work.loss_parallel else 1
-    per_token = loss_peak_bytes_per_token(
-        work.shape, compiled_loss, shards, work.loss_chunks, work.bf16
-    )
-    loss = per_token * tokens
+    if work.loss_chunk_tokens and layout.tp == 1:
+        loss = fused_loss_peak_bytes(work.shape, tokens, work.loss_chunk_tokens)
+    else:
+        compiled_loss = work.compile and work.compile_loss
+        shards = layout.tp if work.loss_parallel else 1
+        loss = loss_peak_bytes_per_token(work.shape, compiled_loss, shards, work.bf16) * tokens
     return ("logits + loss", loss) if loss >= recompute else ("block recompute", recompute)

@@ -10,8 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from torchtitan.config import ConfigError, JobConfig
-from torchtitan.parallel.pipeline import SCHEDULES
+from torchtitan.config import ConfigError, JobConfig, PipelineSchedule, choices
 from torchtitan.planning import calibration as cal
 from torchtitan.planning.command import planned_config
 from torchtitan.planning.hardware import GIB, Hardware
@@ -27,7 +26,7 @@ AC_CHOICES = (
     ("selective", "2", "all"),
     ("full", "op", "all"),
 )
-PP_SCHEDULES = tuple(s for s in SCHEDULES if s != "CSV")
+PP_SCHEDULES = tuple(s for s in choices(PipelineSchedule) if s != "CSV")
 
 
 @dataclass

@@ -1,0 +1,149 @@
+"""``<folder>/step-<N>`` folders: written atomically, found when complete, kept to the newest K.
+
+A step is written to ``step-<N>.tmp``; only when every rank has finished does rank 0 rename it to
+``step-<N>``. A folder without DCP's ``.metadata`` file, or with a suffix, is never loaded. Only
+what is recognized as ours is ever deleted: ``step-*.tmp`` leftovers, and complete steps beyond
+``keep_latest_k`` (renamed to ``.deleting.tmp`` first, so a half-deleted folder is never taken for
+a checkpoint).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from torchtitan.checkpoint.errors import CheckpointError
+from torchtitan.config import ConfigError
+
+logger = logging.getLogger("torchtitan")
+
+STEP_RE = re.compile(r"^step-(\d+)$")
+TRANSIENT_RE = re.compile(r"^step-\d+(\.[a-z]+)?\.tmp$")  # ours: in progress or being deleted
+
+
+def temporary(path: Path) -> Path:
+    """Where ``path`` is written before it is renamed into place."""
+    return path.with_name(path.name + ".tmp")
+
+
+def is_complete(path: Path) -> bool:
+    return path.is_dir() and (path / ".metadata").is_file()
+
+
+def check_loadable(path: str | Path) -> None:
+    """One-line error if ``path`` is not a complete DCP checkpoint."""
+    if not (Path(path) / ".metadata").is_file():
+        raise ConfigError(f"no complete DCP checkpoint at {path} (its .metadata file is missing)")
+
+
+def complete_steps(folder: Path) -> list[int]:
+    """Steps with a complete ``step-<N>`` folder (DCP ``.metadata`` present), newest first."""
+    if not folder.is_dir():
+        return []
+    steps = []
+    for child in folder.iterdir():
+        match = STEP_RE.match(child.name)
+        if match and is_complete(child):
+            steps.append(int(match.group(1)))
+    return sorted(steps, reverse=True)
+
+
+def incomplete_folders(folder: Path) -> list[str]:
+    """Names of the ``step-*`` entries that are not complete checkpoints (never loaded)."""
+    if not folder.is_dir():
+        return []
+    return sorted(
+        c.name
+        for c in folder.iterdir()
+        if c.name.startswith("step-") and not (STEP_RE.match(c.name) and is_complete(c))
+    )
+
+
+def find_checkpoint(path: str | Path, step: int | None = None) -> Path:
+    """The DCP checkpoint to read: ``path/step-<step>``, ``path`` itself when it is one, or else
+    the latest complete step in ``path``. One-line ConfigError when that is not complete."""
+    path = Path(path)
+    if step is not None:
+        path = path / f"step-{step}"
+    elif not is_complete(path) and (steps := complete_steps(path)):
+        path = path / f"step-{steps[0]}"
+    check_loadable(path)
+    return path
+
+
+class StepFolders:
+    """Rank 0's housekeeping of one checkpoint folder; call its methods on rank 0 only."""
+
+    def __init__(self, folder: Path, keep_latest_k: int = 0):
+        self.folder = folder
+        self.keep_latest_k = keep_latest_k
+        self._cleaned_transient = False
+        self._purger: ThreadPoolExecutor | None = None
+
+    def final(self, step: int) -> Path:
+        return self.folder / f"step-{step}"
+
+    def prepare(self, step: int) -> None:
+        """Before saving ``step``: create the folder, remove what earlier runs left in progress."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if not self._cleaned_transient:
+            self._cleaned_transient = True
+            for child in self.folder.iterdir():
+                if TRANSIENT_RE.match(child.name) and child.is_dir():
+                    logger.warning("removing unfinished checkpoint folder %s", child)
+                    shutil.rmtree(child)
+        tmp = temporary(self.final(step))
+        if tmp.exists():
+            shutil.rmtree(tmp)
+
+    def publish(self, step: int) -> None:
+        """After every rank has written ``step``: rename it into place, then apply keep-k."""
+        self._rename(step)
+        if self.keep_latest_k > 0:
+            self._purge()
+
+    def _rename(self, step: int) -> None:
+        final = self.final(step)
+        tmp = temporary(final)
+        if not is_complete(tmp):
+            raise CheckpointError(f"checkpoint {tmp} has no .metadata after saving")
+        if not final.exists():
+            tmp.rename(final)
+            return
+        if not is_complete(final):
+            raise CheckpointError(
+                f"cannot save {final}: it exists and is not a complete checkpoint; move it away"
+            )
+        # A step saved again (resumed from an earlier load_step): swap, then delete the old.
+        old = final.with_name(final.name + ".old.tmp")
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)
+        logger.warning("replaced the existing checkpoint %s", final)
+
+    def _purge(self) -> None:
+        """Delete complete steps older than the newest keep_latest_k (never step-0)."""
+        doomed = [s for s in complete_steps(self.folder) if s > 0][self.keep_latest_k :]
+        if not doomed:
+            return
+        logger.info(
+            "deleting checkpoints %s (keep_latest_k=%d)",
+            ", ".join(f"step-{s}" for s in doomed),
+            self.keep_latest_k,
+        )
+        if self._purger is None:
+            self._purger = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-purge")
+        for step in doomed:
+            path = self.final(step)
+            trash = path.with_name(path.name + ".deleting.tmp")
+            path.rename(trash)
+            self._purger.submit(shutil.rmtree, trash, True)
+
+    def close(self) -> None:
+        """Wait for the background deletions."""
+        if self._purger is not None:
+            self._purger.shutdown(wait=True)

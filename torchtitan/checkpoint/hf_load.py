@@ -1,0 +1,90 @@
+"""Loading a Hugging Face Llama checkpoint (safetensors) into a model in any parallel layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    set_model_state_dict,
+)
+
+from torchtitan.checkpoint.consensus import Consensus
+from torchtitan.models.llama3 import ModelArgs
+from torchtitan.models.llama3.hf import (
+    HFCheckpoint,
+    expected_shapes,
+    few_names,
+    inspect_hf_checkpoint,
+    read_hf_file,
+)
+
+
+def _model_keys(model: nn.Module) -> set[str]:
+    # Local (sharded) state dict: no communication; FQNs without AC/compile/FSDP prefixes.
+    return set(get_model_state_dict(model).keys())
+
+
+def _check_parts(
+    parts: list[nn.Module], args: ModelArgs, hf_dir: str | Path, consensus: Consensus
+) -> None:
+    """Every parameter each rank holds is one of the full model's, and every rank has the same
+    number of parts (each makes one collective call per file and part); else a ValueError on
+    every rank."""
+    error = None
+    held = set().union(*(_model_keys(part) for part in parts))
+    if unknown := held - set(expected_shapes(args)):
+        error = f"model has parameter(s) that {hf_dir} cannot provide: {few_names(unknown)}"
+    gathered = consensus.gather((error, len(parts)))
+    error = next((e for e, _ in gathered if e), None)
+    counts = [n for _, n in gathered]
+    if error is None and len(set(counts)) > 1:
+        error = f"ranks pass different numbers of model parts to load_hf_weights: {counts}"
+    if error:
+        raise ValueError(error)
+
+
+def load_hf_weights(
+    model: nn.Module | list[nn.Module],
+    hf_dir: str | Path,
+    args: ModelArgs | None = None,
+    strict: bool = True,
+) -> None:
+    """Load an HF Llama checkpoint (safetensors) into ``model`` in its current layout.
+
+    Call it on every rank, after ``model.to_empty(...)`` and ``model.init_weights()`` (which also
+    builds the RoPE cache). ``model`` may be plain, wrapped (AC, compile), sharded (FSDP2/TP
+    DTensors), a pipeline stage holding only some of the layers, or a list of such stages (the
+    model parts of one rank; every rank must pass the same number). Rank 0 reads the files one at
+    a time and broadcasts each tensor; every rank keeps its own shard of the parameters it has,
+    so no rank holds more than one file of the checkpoint besides its own shards.
+
+    args: the full model's ModelArgs (default ``model.args``); the HF config must describe the
+    same shapes and function. strict: also reject HF tensors that are not Llama parameters.
+    Every parameter the model holds must be in the checkpoint, strict or not. Problems raise a
+    one-line ValueError on every rank.
+    """
+    parts = list(model) if isinstance(model, (list, tuple)) else [model]
+    args = args if args is not None else parts[0].args
+    consensus = Consensus()
+    # Rank 0 alone needs to see the files; its verdict is shared, so that an error is raised on
+    # every rank rather than leaving the others waiting in a broadcast.
+    ckpt: HFCheckpoint = consensus.decide_on_rank0(
+        lambda: inspect_hf_checkpoint(hf_dir, args, strict=strict),
+        raise_as=ValueError,
+        catch=(ValueError,),
+        verbatim=(ValueError,),
+    )
+    _check_parts(parts, args, hf_dir, consensus)
+    # One call per file and part: strict=False because each call carries only that file's
+    # tensors (the parameters it leaves out are copied onto themselves).
+    options = StateDictOptions(
+        full_state_dict=True, broadcast_from_rank0=consensus.distributed, strict=False
+    )
+    for path in ckpt.files:
+        sd = read_hf_file(path, args, ckpt.tie_word_embeddings) if consensus.rank == 0 else {}
+        for part in parts:
+            # set_model_state_dict may rename entries of the dict it is given: pass a copy
+            set_model_state_dict(part, dict(sd), options=options)
