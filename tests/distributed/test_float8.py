@@ -7,12 +7,14 @@ each activation for the same samples. The runs therefore train one 64-token wind
 (local batch 1): the single-process reference accumulates the 8 windows of a step one by one, as
 each data-parallel rank does its share.
 
-Tolerance. The first steps agree to fp32 rounding (FSDP2: <= 1.1e-7), but float8 casts amplify
-it: a value within fp32 rounding of an e4m3 rounding boundary lands on the other side, moving
-by an ulp of e4m3 (2^-3 to 2^-4 of itself) instead of 1e-7. Measured over 4 steps (torch 2.13,
-2-core CPU): FSDP2 <= 1.8e-6, FSDP2xTP2 with selective AC <= 2.5e-5, the worst on the grad
-norm. RTOL = 1e-4 leaves 4x headroom; scaling the activations over a different grouping
-(batch 8 at once) moves the curves by 2e-4, and training without float8 by 5e-4 to 9e-4.
+Tolerance. The curves start equal to fp32 rounding (FSDP2: loss <= 1.1e-7), but float8 casts
+amplify it: a value within fp32 rounding of an e4m3 rounding boundary lands on the other side,
+moving by an ulp of e4m3 (2^-3 to 2^-4 of itself) instead of 1e-7. Measured over the 4 steps
+(torch 2.13, 2-core CPU), largest relative deviation of loss / grad norm: FSDP2 1.1e-7 / 4.3e-6,
+FSDP2xTP2 with selective AC 5.5e-6 / 1.7e-5. RTOL = 1e-4 leaves 6x headroom. What it tells
+apart (measured over the first 4 steps of a 6-step run): scaling activations over batch 8 at
+once moves the curves by up to 2e-4 (grad norm), training without float8 by up to 9e-4; a
+missing or doubled gradient reduction, or unloaded weights, by 1e-2 or more.
 """
 
 import shutil
@@ -108,8 +110,8 @@ def test_resume_is_bitwise(fsdp2, tmp_path):
 def test_checkpoints_move_between_float8_and_plain_runs(fsdp2, reference, tmp_path):
     """A float8 run's checkpoint resumes without float8 (one process), whose checkpoint resumes
     into float8 FSDP2 again: same names, shapes and dtypes, nothing float8 is stored. From the
-    same state, a float8 and an fp32 step differ by ~1e-4 in the loss; from a state that was not
-    loaded they would differ by ~1e-2."""
+    same state, float8 and fp32 losses differ by ~1e-4 (measured 3e-5 to 7.5e-5); from weights
+    that were not loaded they would differ by ~1e-2."""
     plain = tmp_path / "plain"
     shutil.copytree(fsdp2 / "checkpoint" / "step-2", plain / "checkpoint" / "step-2")
     assert "continuing after step 2" in train(1, plain, *CHECKPOINTS)
