@@ -314,6 +314,45 @@ class Compile(Section):
     loss: bool = opt(False, "with enable: also compile the loss")
 
 
+Float8Recipe = Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"]
+
+
+@dataclass
+class Float8(Section):
+    enable: bool = opt(False, "train the linears in float8 through torchao (pip install .[float8])")
+    recipe: Float8Recipe = opt(
+        "tensorwise",
+        "scaling: one scale per tensor (fastest), per row, or per row with grad_weight in bf16",
+    )
+    fsdp_float8_all_gather: bool = opt(
+        False, "tensorwise + FSDP: all-gather the weights in float8 (half the bytes of bf16)"
+    )
+    precompute_scales: bool = opt(
+        False, "with fsdp_float8_all_gather: one amax all-reduce per step for all weights"
+    )
+    filter_fqns: list[str] = opt(
+        ["output"], "linears whose FQN contains one of these stay in high precision"
+    )
+    skip_small: bool = opt(
+        True, "keep linears too small to gain from float8 in high precision (H100 thresholds)"
+    )
+    emulate: bool = opt(
+        False, "float8 numerics with high-precision matmuls: CPU, older GPUs, tests (slow)"
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        _check(
+            not self.fsdp_float8_all_gather or self.recipe == "tensorwise",
+            "--float8.fsdp_float8_all_gather needs --float8.recipe tensorwise (per-row scales "
+            f"cannot be all-gathered); got {self.recipe}",
+        )
+        _check(
+            not self.precompute_scales or self.fsdp_float8_all_gather,
+            "--float8.precompute_scales needs --float8.fsdp_float8_all_gather",
+        )
+
+
 @dataclass
 class Metrics(Section):
     log_freq: int = opt(10, "log metrics every N steps")
@@ -404,6 +443,7 @@ class JobConfig:
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
     compile: Compile = field(default_factory=Compile)
+    float8: Float8 = field(default_factory=Float8)
     metrics: Metrics = field(default_factory=Metrics)
     profiling: Profiling = field(default_factory=Profiling)
     comm: Comm = field(default_factory=Comm)

@@ -57,6 +57,8 @@ class MetricsLogger:
     run_id: str = "run"
     enable_tensorboard: bool = True
     enabled: bool = True  # only the logging rank prints and writes
+    # float8 GEMMs peak at twice bf16's: MFU stays against the bf16 peak and says so in its name.
+    float8: bool = False
     _tokens: int = 0
     _data_seconds: float = 0.0
     _window_start: float = field(default_factory=time.perf_counter)
@@ -75,6 +77,10 @@ class MetricsLogger:
                 self._writer = SummaryWriter(log_dir=str(self.dump_folder / "tb" / self.run_id))
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
+
+    @property
+    def _mfu_key(self) -> str:
+        return "mfu_bf16_peak_pct" if self.float8 else "mfu_pct"
 
     def should_log(self, step: int) -> bool:
         return step == 1 or step % self.log_freq == 0 or step == self.total_steps
@@ -115,7 +121,7 @@ class MetricsLogger:
             "data_windows": stats.data_windows,
         }
         if self.peak:
-            m["mfu_pct"] = 100.0 * tflops * 1e12 / self.peak
+            m[self._mfu_key] = 100.0 * tflops * 1e12 / self.peak
         if self.device.type == "cuda":
             m["memory_peak_gib"] = torch.cuda.max_memory_reserved(self.device) / 2**30
             m["memory_peak_active_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
@@ -130,8 +136,9 @@ class MetricsLogger:
             f"tps {m['tokens_per_second']:,.0f}",
             f"tflops {m['tflops']:.2f}",
         ]
-        if "mfu_pct" in m:
-            parts.append(f"mfu {m['mfu_pct']:.1f}%")
+        if self._mfu_key in m:
+            label = "mfu(bf16 peak)" if self.float8 else "mfu"
+            parts.append(f"{label} {m[self._mfu_key]:.1f}%")
         if "memory_peak_gib" in m:
             parts.append(f"mem {m['memory_peak_gib']:.1f}GiB")
         parts.append(f"data {m['data_loading_pct']:.1f}%")

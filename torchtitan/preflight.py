@@ -22,6 +22,7 @@ from torchtitan.models.llama3 import ModelArgs, get_model_args
 from torchtitan.models.llama3.hf import inspect_hf_checkpoint
 from torchtitan.parallel.context_parallel import check_cp
 from torchtitan.parallel.dims import ParallelDims
+from torchtitan.parallel.float8 import check_float8
 from torchtitan.parallel.pipeline import (
     ZERO_BUBBLE,
     check_microbatches,
@@ -142,6 +143,7 @@ def check_job(cfg: JobConfig, world_size: int) -> CheckedJob:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     dims = check_parallelism(cfg, model_args, world_size)
+    check_float8(cfg.float8)
     check_checkpoint(cfg, model_args, world_size)
     accum_steps = gradient_accumulation_steps(cfg, dp_degree=dims.dp_degree)
     resolve_source(cfg.training.dataset, text_field=cfg.training.text_field)

@@ -28,6 +28,7 @@ from torchtitan.observability.numerics import NonFiniteError, NonFiniteGuard
 from torchtitan.observability.profiling import maybe_profile
 from torchtitan.optim import build_lr_scheduler, build_optimizer, clip_grad_norm
 from torchtitan.parallel.context_parallel import cp_context
+from torchtitan.parallel.float8 import precompute_float8_scales
 from torchtitan.preflight import USER_ERRORS, CheckedJob, check_job, seed_checkpoint_path
 
 logger = logging.getLogger("torchtitan")
@@ -145,6 +146,7 @@ class Trainer:
             run_id=self.run_id,
             enable_tensorboard=cfg.metrics.enable_tensorboard,
             enabled=self.rank == 0,
+            float8=cfg.float8.enable,
         )
 
     # ----------------------------------------------------------------------- shapes and contexts
@@ -260,6 +262,7 @@ class Trainer:
         return local
 
     def train_step(self, data_iter) -> StepStats:
+        precompute_float8_scales(self.model_parts, self.cfg.float8)
         loss, data_seconds = self.forward_backward(data_iter)
         params = [p for part in self.model_parts for p in part.parameters()]
         pp_group = self.dims.mesh("pp").get_group() if self.dims.pp > 1 else None

@@ -26,6 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.stateful import Stateful
 
 from torchtitan.config import ExcludableState, choices
+from torchtitan.parallel.float8 import plain_weights
 
 STATES = ("model", *choices(ExcludableState))
 # Identical on every rank by design, so rank 0 alone writes them (one copy, rank-independent).
@@ -61,7 +62,7 @@ class ModelState(Stateful):
     def state_dict(self) -> dict[str, Any]:
         merged, self._keys = {}, []
         for part in self.parts:
-            state = get_model_state_dict(part)
+            state = plain_weights(get_model_state_dict(part))  # no float8 wrapper saved
             self._keys.append(list(state))
             merged.update(state)
         return merged

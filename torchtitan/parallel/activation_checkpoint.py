@@ -1,8 +1,9 @@
 """Activation checkpointing of transformer blocks: none, full, selective-op or every N-th block.
 
-Selective-op ("op") policy: keep the outputs of the expensive ops (matmuls, attention kernels and
-the collectives tensor parallelism issues inside a block) and recompute everything else (norms,
-RoPE, SwiGLU's pointwise ops, residual adds), which are memory-bound and cheap to redo.
+Selective-op ("op") policy: keep the outputs of the expensive ops (matmuls, float8 matmuls and
+their amax reductions, attention kernels and the collectives tensor parallelism issues inside a
+block) and recompute everything else (norms, RoPE, SwiGLU's pointwise ops, residual adds, float8
+casts), which are memory-bound and cheap to redo.
 With ``save_matmuls="alternate"`` only every other matmul of a block's forward is kept (the 1st,
 3rd, ...): in a Llama block that recomputes wk, wo and w3 in backward, about 40% of the block's
 saved activations for about 12% more matmul FLOPs per step (Llama 3 8B shapes).
@@ -24,12 +25,19 @@ aten = torch.ops.aten
 
 
 SAVE_MATMULS = choices(SaveMatmuls)
-_MATMULS = {aten.mm.default, aten.addmm.default, aten.bmm.default}
+# torchao's float8 linears reach the policy as aten.mm on float8 tensor subclasses (eager and
+# compiled, torch 2.13), so mm covers them; _scaled_mm, the float8 kernel, is kept where it
+# reaches the policy directly.
+_MATMULS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten._scaled_mm.default}
+# The amax reductions of float8 casts: one value per tensor or per row, so keeping them costs
+# nothing and spares the recompute a pass over the activation (and under TP an all-reduce).
+_AMAX = {aten.max.default, aten.amax.default}
 
 
 def _ops_to_save() -> set:
     ops = {
         *_MATMULS,
+        *_AMAX,
         aten._scaled_dot_product_flash_attention.default,
         aten._scaled_dot_product_efficient_attention.default,
         aten._scaled_dot_product_cudnn_attention.default,

@@ -4,11 +4,12 @@
 The helpers it composes (``apply_tp``, ``apply_ac``, ``apply_compile``, ``apply_fsdp``,
 ``build_stage_module``) know nothing about Llama; this module tells them Llama's names and plans.
 
-Composition order: TP/SP (+ loss parallel, async TP) -> activation checkpointing -> per-block
-compile -> FSDP2 (or HSDP / DDP). TP must come first because it replaces parameters with DTensors
-that AC, compile and FSDP then see; compile wraps the checkpointed blocks; FSDP wraps the
-compiled blocks, so its hooks stay outside the compiled graphs. The caller then materializes
-(``to_empty``) and initializes.
+Composition order: float8 linears (optional) -> TP/SP (+ loss parallel, async TP) -> activation
+checkpointing -> per-block compile -> FSDP2 (or HSDP / DDP). Float8 conversion swaps modules,
+which the TP styles and FSDP then wrap. TP must come before the rest because it replaces
+parameters with DTensors that AC, compile and FSDP then see; compile wraps the checkpointed
+blocks; FSDP wraps the compiled blocks, so its hooks stay outside the compiled graphs. The caller
+then materializes (``to_empty``) and initializes.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from torch.distributed.tensor.parallel import (
 from torchtitan.dtypes import DTYPES
 from torchtitan.parallel.activation_checkpoint import apply_ac
 from torchtitan.parallel.compile import apply_compile
+from torchtitan.parallel.float8 import apply_float8, float8_tp_plan, float8_tp_styles
 from torchtitan.parallel.fsdp import apply_fsdp
 from torchtitan.parallel.tensor_parallel import apply_tp, enable_async_tp
 
@@ -43,30 +45,35 @@ LLAMA_INPUT_MODULES = ("tok_embeddings",)
 LLAMA_OUTPUT_MODULES = ("norm", "output")
 
 
-def llama_block_plan() -> dict[str, ParallelStyle]:
+def llama_block_plan(float8: bool = False) -> dict[str, ParallelStyle]:
     """TP + SP for one TransformerBlock.
 
     Between blocks the activations are sharded on the sequence dimension (Shard(1)); each block
     all-gathers them before attention / the FFN (column-wise projections, local heads) and
-    reduce-scatters after (row-wise projections). The norms run sequence-parallel.
+    reduce-scatters after (row-wise projections). The norms run sequence-parallel. With
+    ``float8`` (tensorwise float8 linears) torchao's styles cast each sub-layer's input to float8
+    before the all-gather, so TP moves half the bytes.
     """
+    colwise, rowwise, prepare_input = (
+        float8_tp_styles() if float8 else (ColwiseParallel, RowwiseParallel, PrepareModuleInput)
+    )
     return {
         "attention_norm": SequenceParallel(),
         # (hidden states, rope cache): gather the sequence, leave the rope cache alone.
-        "attention": PrepareModuleInput(
+        "attention": prepare_input(
             input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)
         ),
-        "attention.wq": ColwiseParallel(),
-        "attention.wk": ColwiseParallel(),
-        "attention.wv": ColwiseParallel(),
-        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "attention.wq": colwise(),
+        "attention.wk": colwise(),
+        "attention.wv": colwise(),
+        "attention.wo": rowwise(output_layouts=Shard(1)),
         "ffn_norm": SequenceParallel(),
-        "feed_forward": PrepareModuleInput(
+        "feed_forward": prepare_input(
             input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
         ),
-        "feed_forward.w1": ColwiseParallel(),
-        "feed_forward.w3": ColwiseParallel(),
-        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        "feed_forward.w1": colwise(),
+        "feed_forward.w3": colwise(),
+        "feed_forward.w2": rowwise(output_layouts=Shard(1)),
     }
 
 
@@ -88,9 +95,12 @@ def parallelize_llama(model: nn.Module, dims: ParallelDims, cfg: JobConfig, devi
     """Apply every parallelism the config asks for to a (meta-device) Llama or pipeline stage
     of one, in place; returns the model."""
     p = cfg.parallelism
+    if cfg.float8.enable:  # first: TP styles and FSDP wrap the swapped-in Float8Linear modules
+        apply_float8(model, cfg.float8, fsdp_sharded=dims.fsdp_degree > 1)
     if dims.tp > 1:
         root_plan = llama_root_plan(not p.disable_loss_parallel)
-        apply_tp(model, dims.mesh("tp"), root_plan, llama_block_plan(), LLAMA_BLOCKS)
+        block_plan = llama_block_plan(float8_tp_plan(model, cfg.float8, device_type, LLAMA_BLOCKS))
+        apply_tp(model, dims.mesh("tp"), root_plan, block_plan, LLAMA_BLOCKS)
         if p.enable_async_tensor_parallel:
             enable_async_tp()
     ac = cfg.activation_checkpoint

@@ -1,0 +1,291 @@
+"""Float8 training of a model's linears through torchao (the optional ``float8`` extra).
+
+``apply_float8`` swaps eligible ``nn.Linear`` modules for torchao's ``Float8Linear`` on the
+meta-device model, before TP and FSDP: the parameters keep their names, shapes and dtypes (torchao
+keeps high-precision master weights and casts them to float8 inside each matmul), so TP plans,
+FSDP, checkpoints and the HF export see the same model. Only the matmul inputs are float8:
+e4m3 for activations and weights, e5m2 (tensorwise) or e4m3 (rowwise) for output gradients.
+
+What follows from the recipe:
+
+* tensorwise: one scale per tensor, the fastest kernels. TP can all-gather activations in float8
+  (``float8_tp_plan``), and FSDP2 can all-gather the weights in float8
+  (``fsdp_float8_all_gather``; the weight's amax is all-reduced over the shards, so the scale is
+  the whole weight's). ``precompute_float8_scales`` then computes every weight's scale with one
+  all-reduce per step.
+* rowwise / rowwise_with_gw_hp: one scale per row; TP and FSDP move high-precision tensors.
+
+Everything torchao-specific is imported lazily: without ``--float8.enable`` torchao is not needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import re
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.distributed.tensor import DTensor
+
+from torchtitan.config import ConfigError, Float8
+from torchtitan.parallel.blocks import block_items
+
+logger = logging.getLogger("torchtitan")
+
+INSTALL_HINT = 'pip install -e ".[float8]"'
+MIN_CAPABILITY = (8, 9)
+FLOAT8_CARDS = "H100/H200/L40S/RTX 4090"
+
+
+# --------------------------------------------------------------------------- torchao
+
+
+@contextlib.contextmanager
+def _quiet(*logger_names: str):
+    """Raise these loggers to ERROR for a while: torchao's import warns about every CUDA
+    extension a CPU build of torch cannot load, and about a deprecated pytree registration."""
+    loggers = [logging.getLogger(name) for name in logger_names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def import_torchao_float8():
+    """``torchao.float8``, or a one-line ``ConfigError`` that names the extra to install."""
+    try:
+        with _quiet("torchao", "torch.utils._pytree"):
+            import torchao.float8
+            import torchao.float8.float8_tensor_parallel  # noqa: F401
+    except ImportError as e:
+        raise ConfigError(f"--float8.enable needs torchao ({e}); {INSTALL_HINT}") from None
+    return torchao.float8
+
+
+def is_float8_linear(module: nn.Module) -> bool:
+    if not isinstance(module, nn.Linear):
+        return False
+    from torchao.float8.float8_linear import Float8Linear
+
+    return isinstance(module, Float8Linear)
+
+
+def float8_linear_config(cfg: Float8, fsdp_sharded: bool):
+    """torchao's ``Float8LinearConfig`` for the recipe; float8 all-gather only where FSDP shards."""
+    ao = import_torchao_float8()
+    base = ao.Float8LinearConfig.from_recipe_name(cfg.recipe)
+    return dataclasses.replace(
+        base,
+        enable_fsdp_float8_all_gather=cfg.fsdp_float8_all_gather and fsdp_sharded,
+        emulate=cfg.emulate,
+    )
+
+
+# --------------------------------------------------------------------------- which linears
+
+
+def too_small(recipe: str, in_features: int, out_features: int) -> bool:
+    """Whether a GEMM of this weight shape is too small for float8 to beat bf16: the cast costs
+    more than the faster matmul saves. torchao's H100 measurements (torchao/float8/README)."""
+    k, n = in_features, out_features
+    if recipe == "tensorwise":
+        return k <= 4096 and n <= 1024
+    return n <= 2048 or k <= 1024 or (n <= 4096 and k <= 2048)
+
+
+def skip_reason(fqn: str, linear: nn.Linear, cfg: Float8) -> str | None:
+    """Why ``linear`` stays in high precision, or None to convert it."""
+    if any(name in fqn for name in cfg.filter_fqns):
+        return "filter_fqns"
+    k, n = linear.in_features, linear.out_features
+    if k % 16 or n % 16:
+        return f"{k}->{n}: dims not divisible by 16"
+    if cfg.skip_small and too_small(cfg.recipe, k, n):
+        return f"{k}->{n}: too small to gain"
+    return None
+
+
+def _pattern(fqn: str) -> str:
+    """``layers.3.attention.wk`` -> ``layers.*.attention.wk``: one name for every block."""
+    return re.sub(r"(^|\.)\d+(?=\.)", r"\1*", fqn)
+
+
+@dataclasses.dataclass
+class Float8Conversion:
+    """Which linears ``apply_float8`` converted and why the others were kept."""
+
+    converted: list[str]
+    skipped: dict[str, str]  # FQN -> reason
+
+    def summary(self, cfg: Float8) -> str:
+        kept: dict[str, str] = {}
+        for fqn, reason in self.skipped.items():
+            kept.setdefault(_pattern(fqn), reason)
+        listing = ", ".join(f"{name} ({reason})" for name, reason in kept.items()) or "none"
+        mode = f"{cfg.recipe}{', emulated' if cfg.emulate else ''}"
+        return (
+            f"float8 ({mode}): {len(self.converted)} linears converted; kept in high "
+            f"precision: {listing}"
+        )
+
+
+def apply_float8(model: nn.Module, cfg: Float8, fsdp_sharded: bool = False) -> Float8Conversion:
+    """Swap the eligible linears of ``model`` for ``Float8Linear`` in place; log one summary.
+
+    Call it on the meta-device model before TP and FSDP (``fsdp_sharded``: whether FSDP will
+    shard the weights, which turns on float8 all-gather if configured).
+    """
+    ao = import_torchao_float8()
+    skipped: dict[str, str] = {}
+    converted: list[str] = []
+
+    def keep_or_convert(module: nn.Module, fqn: str) -> bool:
+        reason = skip_reason(fqn, module, cfg)
+        if reason is None:
+            converted.append(fqn)
+        else:
+            skipped[fqn] = reason
+        return reason is None
+
+    ao.convert_to_float8_training(
+        model,
+        module_filter_fn=keep_or_convert,
+        config=float8_linear_config(cfg, fsdp_sharded),
+    )
+    conversion = Float8Conversion(converted, skipped)
+    logger.info(conversion.summary(cfg))
+    if not converted:
+        logger.warning(
+            "float8: no linear was converted, nothing runs in float8 (see --float8.filter_fqns "
+            "and --float8.skip_small)"
+        )
+    return conversion
+
+
+# --------------------------------------------------------------------------- TP and FSDP
+
+
+def float8_tp_plan(
+    model: nn.Module, cfg: Float8, device_type: str, blocks_attr: str = "layers"
+) -> bool:
+    """Whether the TP block plan should use torchao's float8 styles (all-gathers in float8);
+    the answer and its reason are logged."""
+    if not cfg.enable:
+        return False
+    reason = _no_float8_tp_reason(model, cfg, device_type, blocks_attr)
+    where = f"high precision ({reason})" if reason else "float8"
+    logger.info("float8 + TP: activations are all-gathered in %s", where)
+    return reason is None
+
+
+def _no_float8_tp_reason(model, cfg: Float8, device_type: str, blocks_attr: str) -> str | None:
+    # torchao's float8 styles only know tensorwise scales.
+    if cfg.recipe != "tensorwise":
+        return f"recipe {cfg.recipe}"
+    if device_type != "cuda":
+        return "gloo cannot all-gather float8"
+    # They cast a sub-layer's input once for all its linears: every one must be float8.
+    for _, block in block_items(model, blocks_attr):
+        for name, module in block.named_modules():
+            if isinstance(module, nn.Linear) and not is_float8_linear(module):
+                return f"block linear {name} is not float8"
+    return None
+
+
+def float8_tp_styles() -> tuple[type, type, type]:
+    """torchao's (colwise, rowwise, prepare-input) TP styles that move float8 activations."""
+    import_torchao_float8()
+    from torchao.float8.float8_tensor_parallel import (
+        Float8ColwiseParallel,
+        Float8RowwiseParallel,
+        PrepareFloat8ModuleInput,
+    )
+
+    return Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput
+
+
+def precompute_float8_scales(model_parts: Iterable[nn.Module], cfg: Float8) -> None:
+    """Compute the float8 scale of every FSDP-sharded weight with one fused all-reduce.
+
+    Called right before each step's forward (the weights changed in the last optimizer step, or
+    were just loaded), so the first step and a resumed step use the same scales as any other.
+    Without it, each weight's all-gather computes its own amax all-reduce (same values).
+    """
+    if not (cfg.enable and cfg.precompute_scales):
+        return
+    ao = import_torchao_float8()
+    for part in model_parts:
+        ao.precompute_float8_dynamic_scale_for_fsdp(part)
+
+
+def plain_weights(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` (a model state dict) with each weight of FSDP's float8 all-gather (torchao's
+    ``WeightWithDynamicFloat8CastTensor``, inside a DTensor) replaced by the high-precision
+    tensor it wraps, sharing its storage. DCP pickles a tensor's class with its data, so without
+    this a checkpoint would need torchao to load; with it, float8 and plain runs read each
+    other's checkpoints, and loading into the shared storage loads the weight."""
+    if "torchao.float8" not in sys.modules:
+        return state
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    def plain(value):
+        if not isinstance(value, DTensor):
+            return value
+        local = value.to_local()
+        if not isinstance(local, WeightWithDynamicFloat8CastTensor):
+            return value
+        return DTensor.from_local(
+            local._tensor,
+            value.device_mesh,
+            value.placements,
+            run_check=False,
+            shape=value.shape,
+            stride=value.stride(),
+        )
+
+    return {key: plain(value) for key, value in state.items()}
+
+
+# --------------------------------------------------------------------------- device checks
+
+
+def float8_device_problem(
+    cfg: Float8, cuda: bool, device_name: str = "", capability: tuple[int, int] = (0, 0)
+) -> str | None:
+    """A one-line reason why float8 cannot run on this device, or None."""
+    if not cfg.enable or cfg.emulate:
+        return None
+    if not cuda:
+        return "--float8.enable on CPU needs --float8.emulate (no float8 tensor cores)"
+    if tuple(capability) < MIN_CAPABILITY:
+        major, minor = capability
+        return (
+            f"float8 needs compute capability >= 8.9 ({FLOAT8_CARDS}); {device_name} is "
+            f"{major}.{minor}; add --float8.emulate (slow) or drop --float8.enable"
+        )
+    return None
+
+
+def check_float8(cfg: Float8) -> None:
+    """Preflight: torchao importable and a device that runs float8; one-line ``ConfigError``."""
+    if not cfg.enable:
+        return
+    import_torchao_float8()
+    if torch.version.hip is not None:  # ROCm: torchao picks its float8 types per card
+        return
+    cuda = torch.cuda.is_available()
+    name, capability = "", (0, 0)
+    if cuda:
+        name, capability = torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0)
+    problem = float8_device_problem(cfg, cuda, name, capability)
+    if problem:
+        raise ConfigError(problem)
