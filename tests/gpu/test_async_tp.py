@@ -17,7 +17,7 @@ WORKER = Path(__file__).with_name("async_tp_worker.py")
 def test_async_tp_fuses_the_tp_collectives():
     if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
         pytest.skip("needs 2 CUDA devices")
-    out = run_checked([*torchrun_cmd(2), str(WORKER), "8192"], timeout=600)
+    out = run_checked([*torchrun_cmd(2), str(WORKER), "8192"], timeout=300)
     lines = {m[0]: m[1] for m in re.findall(r"ASYNC_TP_RESULT (\w+): (.*)", out)}
     print("\n".join(f"{k}: {v}" for k, v in lines.items()))
     assert "fused_all_gather_matmul': 0" in lines["sync"]
