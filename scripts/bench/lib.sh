@@ -1,0 +1,34 @@
+# Side-by-side helpers for a GPU machine (run from the repo root; needs .peer/ from ../shared/peer/build.sh).
+# ref NAME GPUS ARGS / ours NAME GPUS ARGS run one side on the listed GPUs (1-GPU runs can go concurrently);
+# each prints the last metrics line (step 30 or 20); logs go to $OUT/logs, packed by `pack`.
+# Helpers for side-by-side GPU calls: source from the repo root on the GPU machine.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export PYTORCH_ALLOC_CONF="expandable_segments:True"
+root=$PWD; peer=$root/.peer; site=/tmp/peer_site; out=${OUT:-/tmp}; mkdir -p $out/logs
+if [ ! -f $site/.done ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $site $peer/whl/*.whl && touch $site/.done
+fi
+ngpus() { awk -F, '{print NF}' <<<"$1"; }
+# ref NAME GPUS ARGS...: the reference framework (bench_8b.toml + args)
+ref() {
+  local name=$1 gpus=$2; shift 2
+  (cd $peer/torchtitan && CUDA_VISIBLE_DEVICES=$gpus PYTHONPATH=$site:$peer/torchtitan timeout ${T:-300} \
+    torchrun --nproc_per_node=$(ngpus $gpus) --rdzv_backend c10d --rdzv_endpoint=localhost:0 \
+    --local-ranks-filter 0 --role rank --tee 3 -m torchtitan.train --job.config_file bench_8b.toml \
+    --training.dataset c4_test --model.hf_assets_path tests/assets/tokenizer --metrics.log_freq 10 \
+    --job.dump_folder /tmp/ref_$name "$@" > $out/logs/ref_$name.log 2>&1)
+  echo "ref  $name rc=$? :: $(grep -E 'step:' $out/logs/ref_$name.log | sed 's/\x1b\[[0-9;]*m//g' | grep -E 'step: *30 |step: *20 ' | tail -1 | sed 's/.*step:/step:/')"
+}
+# ours NAME GPUS ARGS...: this project (CONFIG_FILE, default the 8B config)
+ours() {
+  local name=$1 gpus=$2; shift 2
+  (cd $root && CUDA_VISIBLE_DEVICES=$gpus PYTHONPATH=$site:$root PYTHON=python3 NGPU=$(ngpus $gpus) \
+    CONFIG_FILE=${CONFIG_FILE:-train_configs/llama3_8b.toml} timeout ${T:-300} ./run_train.sh \
+    --metrics.log_freq 10 --training.dataset sample --metrics.enable_tensorboard false \
+    --job.dump_folder /tmp/ours_$name "$@" > $out/logs/ours_$name.log 2>&1)
+  echo "ours $name rc=$? :: $(grep -E ' step +(20|30)[ /]' $out/logs/ours_$name.log | sed 's/^\[rank0\]://' | tail -1)"
+}
+pack() { (cd $out && tar czf logs.tgz logs && rm -rf logs); }
+DEADLINE=$(( $(date +%s) + ${BUDGET:-560} ))
+# fits SECONDS CMD...: run CMD only if SECONDS are left before the call's deadline (so pack still runs).
+fits() { local need=$1; shift; if (( DEADLINE - $(date +%s) > need )); then "$@"; else echo "skipped (no time): $*"; fi; }
