@@ -2,24 +2,31 @@
 
     python scripts/compare_loss_curves.py REF_DUMP_FOLDER RUN_DUMP_FOLDER [RUN_DUMP_FOLDER ...]
 
-Reads each run's ``metrics/*.jsonl`` (one file per run; log every step for a full curve) and
-prints, per run, the largest relative loss difference from the reference over the steps both
-logged, with the step where it happens, and the first and last losses.
+Reads each run's ``metrics/*.jsonl`` (log every step for a full curve; a resumed run's files are
+joined in step order, see ``torchtitan/run_metrics.py``) and prints, per run, the largest
+relative loss difference from the reference over the steps both logged, with the step where it
+happens, and the first and last losses.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from torchtitan.run_metrics import read_metrics  # noqa: E402
+
 
 def read_losses(dump_folder: Path) -> dict[int, float]:
-    files = sorted((dump_folder / "metrics").glob("*.jsonl"))
-    if len(files) != 1:
-        raise SystemExit(f"expected one metrics/*.jsonl in {dump_folder}, found {len(files)}")
-    rows = [json.loads(line) for line in files[0].read_text().splitlines() if line.strip()]
-    return {row["step"]: row["loss"] for row in rows}
+    """step -> loss of a run (its launches joined); notes on the joining go to stderr."""
+    try:
+        run = read_metrics(dump_folder)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    for note in run.notes():
+        print(f"note: {note}", file=sys.stderr)
+    return dict(zip(*run.series("loss")))
 
 
 def compare(reference: dict[int, float], run: dict[int, float]) -> tuple[float, int]:

@@ -52,6 +52,32 @@ def build_lr_scheduler(optimizer, total_steps: int, cfg: LRScheduler) -> LambdaL
     return LambdaLR(optimizer, lambda last: lr_factor(last + 1, total_steps, cfg))
 
 
+def resume_lr_scheduler(scheduler, saved: dict) -> None:
+    """Continue ``scheduler`` from a checkpoint's scheduler state ``saved``; set its optimizer's
+    lr for the next step (load the optimizer's state first, or set the lr again after it).
+
+    The schedule is a function of (step, training.steps, lr and [lr_scheduler] config), so for
+    a ``LambdaLR`` only the step count is restored: its lambda and peak lr stay this run's,
+    built from the current config, and apply from the first resumed step on (a checkpoint's
+    last lr was computed by the old schedule). Other schedulers load their whole state.
+    """
+    if isinstance(scheduler, LambdaLR):
+        steps = int(saved["last_epoch"])
+        factors = [fn(steps) for fn in scheduler.lr_lambdas]
+        scheduler.load_state_dict(
+            {
+                "last_epoch": steps,
+                "_step_count": int(saved.get("_step_count", steps + 1)),
+                "_last_lr": [base * f for base, f in zip(scheduler.base_lrs, factors)],
+                "lr_lambdas": [None] * len(factors),
+            }
+        )
+    else:
+        scheduler.load_state_dict(saved)
+    for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr()):
+        group["lr"] = lr
+
+
 def clip_grad_norm(params, max_norm: float, pp_group=None) -> torch.Tensor:
     """Total L2 norm of all gradients (before clipping); clips in place when max_norm > 0.
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -41,6 +41,7 @@ class CheckedJob:
     model_args: ModelArgs
     dims: ParallelDims  # degrees only; the trainer builds the mesh
     accum_steps: int  # micro-steps per optimizer step
+    warnings: list[str] = field(default_factory=list)  # the trainer logs them (rank 0)
 
 
 def check_parallelism(cfg: JobConfig, model_args: ModelArgs, world_size: int) -> ParallelDims:
@@ -117,7 +118,18 @@ def check_checkpoint(cfg: JobConfig, model_args: ModelArgs, world_size: int) -> 
                 f"--checkpoint.initial_load_path {c.initial_load_path}: {e}"
             ) from None
     elif c.initial_load_path:
-        check_loadable(c.initial_load_path)
+        check_loadable(c.initial_load_path, "--checkpoint.initial_load_path")
+
+
+def schedule_warnings(cfg: JobConfig) -> list[str]:
+    """Settings that run but are likely not what the user meant."""
+    warmup, steps = cfg.lr_scheduler.warmup_steps, cfg.training.steps
+    if warmup > steps:
+        return [
+            f"lr_scheduler.warmup_steps={warmup} is longer than training.steps={steps}: the lr "
+            f"never reaches its peak (it ends at {steps / warmup:.0%} of --optimizer.lr)"
+        ]
+    return []
 
 
 def seed_checkpoint_path(cfg: JobConfig) -> Path:
@@ -155,7 +167,7 @@ def check_job(cfg: JobConfig, world_size: int) -> CheckedJob:
             f"flavor {cfg.model.flavor} has vocab_size {model_args.vocab_size}; use a matching "
             "--model.tokenizer_path or a larger flavor"
         )
-    return CheckedJob(tokenizer, model_args, dims, accum_steps)
+    return CheckedJob(tokenizer, model_args, dims, accum_steps, schedule_warnings(cfg))
 
 
 def main(argv: list[str] | None = None) -> int:

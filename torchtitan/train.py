@@ -17,6 +17,7 @@ from torch.distributed.tensor import DTensor
 from torchtitan import runtime
 from torchtitan.checkpoint import CheckpointManager, TrainState, save_seed_checkpoint
 from torchtitan.checkpoint.hf_load import load_hf_weights
+from torchtitan.checkpoint.resume_changes import run_settings
 from torchtitan.config import JobConfig, parse_args
 from torchtitan.data.loader import build_dataloader
 from torchtitan.loss import cross_entropy_sum, linear_cross_entropy_sum, loss_context
@@ -41,6 +42,8 @@ def start_job(cfg: JobConfig) -> tuple[CheckedJob, str]:
     runtime.init_process(cfg, job.dims, runtime.pick_device(), runtime.env_rank())
     text = cfg.to_toml()
     logger.info("effective config:\n%s", text)
+    for warning in job.warnings:
+        logger.warning(warning)
     if runtime.env_rank() == 0:
         folder = Path(cfg.job.dump_folder) / "configs"
         folder.mkdir(parents=True, exist_ok=True)
@@ -83,7 +86,8 @@ class Trainer:
             build_lr_scheduler(opt, cfg.training.steps, cfg.lr_scheduler) for opt in self.optimizers
         ]
         self.nonfinite = NonFiniteGuard(cfg.training.on_nonfinite, self.optimizers, logger)
-        self.train_state = TrainState()
+        global_batch = self.accum_steps * cfg.training.local_batch_size * self.dims.dp_degree
+        self.train_state = TrainState(settings=run_settings(cfg, global_batch))
         self.checkpointer = self._build_checkpointer()
         self.step = self.checkpointer.load()
         if cfg.checkpoint.initial_load_in_hf and not self.checkpointer.resumed:
@@ -145,7 +149,8 @@ class Trainer:
             dump_folder=self.dump_folder,
             run_id=self.run_id,
             enable_tensorboard=cfg.metrics.enable_tensorboard,
-            enabled=self.rank == 0,
+            # Nothing to train (resumed at or past training.steps): no empty metrics files.
+            enabled=self.rank == 0 and self.step < cfg.training.steps,
             float8=cfg.float8.enable,
         )
 
@@ -269,7 +274,7 @@ class Trainer:
         # The previous step's non-finite flags: its kernels have run by now, no GPU stall.
         self.nonfinite.resolve()
         grad_norm = clip_grad_norm(params, self.cfg.training.max_norm, pp_group)
-        lr = self.lr_schedulers[0].get_last_lr()[0]
+        lr = self.optimizers[0].param_groups[0]["lr"]  # what this step uses
         # Both values are global (data-parallel mean loss, global norm): every rank decides alike.
         apply_update = self.nonfinite.before_optimizer_step(self.step, loss, grad_norm)
         for optimizer, lr_scheduler in zip(self.optimizers, self.lr_schedulers):
@@ -293,6 +298,15 @@ class Trainer:
     def train(self) -> list[float]:
         """Run to training.steps; returns the loss of every step."""
         t = self.cfg.training
+        if self.step >= t.steps:
+            logger.warning(
+                "checkpoint step-%d is at or past training.steps=%d: nothing to train; raise "
+                "--training.steps to continue",
+                self.step,
+                t.steps,
+            )
+            self.checkpointer.close()
+            return []
         logger.info(
             "training %d steps: %d x %d tokens per micro-step, %d micro-steps per step",
             t.steps,

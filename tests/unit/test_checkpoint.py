@@ -234,14 +234,15 @@ def test_incomplete_folders_are_never_loaded_and_only_ours_are_cleaned(tmp_path,
     assert sorted(p.name for p in folder.iterdir()) == ["notes", "step-2", "step-3", "step-9"]
 
 
-def test_step_folder_that_is_not_a_checkpoint_is_never_overwritten(tmp_path):
+def test_step_folder_that_is_not_a_checkpoint_is_moved_aside_never_overwritten(tmp_path, caplog):
     a = Job(0)
     (tmp_path / "checkpoint" / "step-1").mkdir(parents=True)
     (tmp_path / "checkpoint" / "step-1" / "mine.txt").write_text("keep me")
-    with pytest.raises(CheckpointError, match="not a complete checkpoint") as error:
-        a.manager(tmp_path).save(1)
-    one_line(error.value)
-    assert (tmp_path / "checkpoint" / "step-1" / "mine.txt").read_text() == "keep me"
+    assert a.manager(tmp_path).save(1)
+    assert "(not a complete checkpoint): moved it aside to step-1.stale-" in caplog.text
+    (aside,) = (tmp_path / "checkpoint").glob("step-1.stale-*")
+    assert (aside / "mine.txt").read_text() == "keep me"
+    assert (tmp_path / "checkpoint" / "step-1" / ".metadata").is_file()
 
 
 def test_corrupted_latest_falls_back_to_the_previous_step(tmp_path, caplog):
@@ -269,7 +270,7 @@ def test_corrupted_latest_falls_back_to_the_previous_step(tmp_path, caplog):
     one_line(error.value)
 
 
-def test_resuming_from_an_earlier_step_replaces_the_later_one_when_reached(tmp_path, caplog):
+def test_resuming_from_an_earlier_step_moves_the_later_one_aside_when_reached(tmp_path, caplog):
     a = Job(0)
     manager = a.manager(tmp_path)
     a.train_and_save(manager, 2)
@@ -280,11 +281,21 @@ def test_resuming_from_an_earlier_step_replaces_the_later_one_when_reached(tmp_p
     b.model.output.weight.data.add_(1.0)  # a different branch of training
     b.train(1)
     bm.save(2)
-    assert "replaced the existing checkpoint" in caplog.text
+    assert "(a complete checkpoint): moved it aside to step-2.stale-" in caplog.text
     c = Job(2)
     assert c.manager(tmp_path).load() == 2
     assert_same_tensors(c.params(), b.params())
-    assert sorted(p.name for p in (tmp_path / "checkpoint").iterdir()) == ["step-1", "step-2"]
+    names = sorted(p.name for p in (tmp_path / "checkpoint").iterdir())
+    assert names[:2] == ["step-1", "step-2"] and names[2].startswith("step-2.stale-")
+    assert len(names) == 3
+    d = Job(3)  # the earlier branch's step-2, preserved aside, still loads
+    assert (
+        d.manager(
+            tmp_path, enable=False, initial_load_path=str(tmp_path / "checkpoint" / names[2])
+        ).load()
+        == 0
+    )
+    assert_same_tensors(d.params(), a.params())
 
 
 # --------------------------------------------------------------------------- retention, export
@@ -449,7 +460,7 @@ def test_load_errors_are_one_line(tmp_path):
     with pytest.raises(CheckpointError, match=r"no complete checkpoint step-5 .*steps: 2\)") as e:
         Job(1).manager(tmp_path, load_step=5).load()
     one_line(e.value)
-    with pytest.raises(ConfigError, match="no complete DCP checkpoint") as e:
+    with pytest.raises(ConfigError, match="initial_load_path /nope does not exist") as e:
         Job(1).manager(tmp_path / "x", enable=False, initial_load_path="/nope").load()
     one_line(e.value)
     for shard in (tmp_path / "checkpoint" / "step-2").glob("*.distcp"):

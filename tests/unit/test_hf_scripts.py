@@ -101,7 +101,9 @@ def assert_one_line_errors(tmp_path: Path, out: Path, dcp_out: Path, capsys) -> 
         "pass --flavor (and --override)\n"
     )
     assert to_hf(["--checkpoint", str(tmp_path / "ckpt"), "--step", "5", "--out", "y"]) == 1
-    assert "no complete DCP checkpoint at" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        f"error: no complete checkpoint step-5 in {tmp_path / 'ckpt'} (steps: 0)\n"
+    )
     x = str(tmp_path / "x")
     assert from_hf(["--hf", str(out), "--out", x, "--flavor", "debugmodel"]) == 1
     assert capsys.readouterr().err.startswith(

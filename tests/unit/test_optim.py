@@ -4,7 +4,13 @@ import pytest
 import torch
 
 from torchtitan.config import LRScheduler, Optimizer
-from torchtitan.optim import build_lr_scheduler, build_optimizer, clip_grad_norm, lr_factor
+from torchtitan.optim import (
+    build_lr_scheduler,
+    build_optimizer,
+    clip_grad_norm,
+    lr_factor,
+    resume_lr_scheduler,
+)
 
 
 def test_linear_warmup_then_linear_decay_to_min():
@@ -37,6 +43,38 @@ def test_scheduler_drives_optimizer_lr_per_step():
         opt.step()
         sched.step()
     assert seen == pytest.approx([0.5, 1.0, 0.5, 0.0])
+
+
+def lrs_of_steps(sched, opt, steps: int) -> list[float]:
+    """The lr each of the next ``steps`` optimizer steps uses."""
+    seen = []
+    for _ in range(steps):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return seen
+
+
+def test_resume_restores_the_step_count_and_follows_the_new_schedule():
+    """6 of 6 steps, resumed with 10 steps and another peak lr: steps 7-10 use exactly what an
+    uninterrupted 10-step run with the new peak uses; the checkpoint's last lr is ignored."""
+    cfg = LRScheduler(warmup_steps=2, decay_type="linear", min_lr_ratio=0.1)
+    param = torch.nn.Parameter(torch.zeros(2))
+    old = build_optimizer([param], Optimizer(lr=3e-3), "cpu")
+    old_sched = build_lr_scheduler(old, 6, cfg)
+    lrs_of_steps(old_sched, old, 6)
+    saved = old_sched.state_dict()
+
+    straight = build_optimizer([param], Optimizer(lr=1e-2), "cpu")
+    expected = lrs_of_steps(build_lr_scheduler(straight, 10, cfg), straight, 10)[6:]
+    new = build_optimizer([param], Optimizer(lr=1e-2), "cpu")
+    new_sched = build_lr_scheduler(new, 10, cfg)
+    new.param_groups[0].update(lr=3e-4, initial_lr=3e-3)  # as the checkpoint's optimizer state
+    resume_lr_scheduler(new_sched, saved)
+    assert new_sched.last_epoch == 6
+    assert new_sched.get_last_lr() == [expected[0]]
+    assert lrs_of_steps(new_sched, new, 4) == expected  # exactly, from the first resumed step
+    assert expected[0] == pytest.approx(1e-2 * (0.1 + 0.9 * 3 / 8))
 
 
 @pytest.mark.parametrize("impl", ["foreach", "for-loop", "fused"])

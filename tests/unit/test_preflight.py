@@ -134,7 +134,7 @@ def test_seed_checkpoint_never_overwritten(tmp_path, capsys):
     )
     assert "already exists" in err
     err = run_preflight(capsys, "--checkpoint.initial_load_path", str(tmp_path / "nope"))
-    assert "no complete DCP checkpoint" in err
+    assert f"--checkpoint.initial_load_path {tmp_path / 'nope'} does not exist" in err
 
 
 @pytest.mark.parametrize(

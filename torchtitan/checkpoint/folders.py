@@ -4,7 +4,8 @@ A step is written to ``step-<N>.tmp``; only when every rank has finished does ra
 ``step-<N>``. A folder without DCP's ``.metadata`` file, or with a suffix, is never loaded. Only
 what is recognized as ours is ever deleted: ``step-*.tmp`` leftovers, and complete steps beyond
 ``keep_latest_k`` (renamed to ``.deleting.tmp`` first, so a half-deleted folder is never taken for
-a checkpoint).
+a checkpoint). A ``step-<N>`` already in the way of a new save (incomplete, damaged, or from an
+earlier branch of training) is moved aside to ``step-<N>.stale-<time>``, never deleted.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 import re
 import shutil
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,6 +24,7 @@ logger = logging.getLogger("torchtitan")
 
 STEP_RE = re.compile(r"^step-(\d+)$")
 TRANSIENT_RE = re.compile(r"^step-\d+(\.[a-z]+)?\.tmp$")  # ours: in progress or being deleted
+STALE_RE = re.compile(r"^step-\d+\.stale-")  # set aside by a later save of the same step
 
 
 def temporary(path: Path) -> Path:
@@ -33,10 +36,32 @@ def is_complete(path: Path) -> bool:
     return path.is_dir() and (path / ".metadata").is_file()
 
 
-def check_loadable(path: str | Path) -> None:
-    """One-line error if ``path`` is not a complete DCP checkpoint."""
-    if not (Path(path) / ".metadata").is_file():
-        raise ConfigError(f"no complete DCP checkpoint at {path} (its .metadata file is missing)")
+def step_listing(steps: list[int]) -> str:
+    return ", ".join(str(s) for s in sorted(steps)) or "none"
+
+
+def check_loadable(path: str | Path, option: str = "") -> None:
+    """One-line error if ``path`` is not a complete DCP checkpoint; it says what ``path`` is
+    instead (missing, a folder of steps, a run folder) and which step to use. ``option``: the
+    command-line option that named ``path``, for the message."""
+    path = Path(path)
+    if (path / ".metadata").is_file():
+        return
+    where = f"{option} {path}" if option else str(path)
+    if not path.exists():
+        raise ConfigError(f"{where} does not exist")
+    if steps := complete_steps(path):
+        raise ConfigError(
+            f"{where} is a checkpoint folder, not a step; use {path / f'step-{steps[0]}'} "
+            f"(steps: {step_listing(steps)})"
+        )
+    for child in sorted(path.iterdir()) if path.is_dir() else []:
+        if steps := complete_steps(child):
+            raise ConfigError(
+                f"{where} is a run folder, not a checkpoint; use {child / f'step-{steps[0]}'} "
+                f"(steps: {step_listing(steps)})"
+            )
+    raise ConfigError(f"{where} is not a complete DCP checkpoint (its .metadata file is missing)")
 
 
 def complete_steps(folder: Path) -> list[int]:
@@ -58,7 +83,9 @@ def incomplete_folders(folder: Path) -> list[str]:
     return sorted(
         c.name
         for c in folder.iterdir()
-        if c.name.startswith("step-") and not (STEP_RE.match(c.name) and is_complete(c))
+        if c.name.startswith("step-")
+        and not STALE_RE.match(c.name)
+        and not (STEP_RE.match(c.name) and is_complete(c))
     )
 
 
@@ -67,6 +94,11 @@ def find_checkpoint(path: str | Path, step: int | None = None) -> Path:
     the latest complete step in ``path``. One-line ConfigError when that is not complete."""
     path = Path(path)
     if step is not None:
+        if not is_complete(path / f"step-{step}") and path.is_dir():
+            raise ConfigError(
+                f"no complete checkpoint step-{step} in {path} "
+                f"(steps: {step_listing(complete_steps(path))})"
+            )
         path = path / f"step-{step}"
     elif not is_complete(path) and (steps := complete_steps(path)):
         path = path / f"step-{steps[0]}"
@@ -110,20 +142,27 @@ class StepFolders:
         tmp = temporary(final)
         if not is_complete(tmp):
             raise CheckpointError(f"checkpoint {tmp} has no .metadata after saving")
-        if not final.exists():
-            tmp.rename(final)
-            return
-        if not is_complete(final):
-            raise CheckpointError(
-                f"cannot save {final}: it exists and is not a complete checkpoint; move it away"
-            )
-        # A step saved again (resumed from an earlier load_step): swap, then delete the old.
-        old = final.with_name(final.name + ".old.tmp")
-        shutil.rmtree(old, ignore_errors=True)
-        final.rename(old)
+        if final.exists():
+            self._move_aside(final)
         tmp.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
-        logger.warning("replaced the existing checkpoint %s", final)
+
+    def _move_aside(self, path: Path) -> None:
+        """A ``step-N`` in the way of a new save: an incomplete or damaged folder the load
+        skipped, or a step of an earlier branch of training (resumed from an earlier
+        ``load_step``). Renamed, never deleted: the new save goes on and nothing is lost."""
+        what = "a complete checkpoint" if is_complete(path) else "not a complete checkpoint"
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        aside, n = path.with_name(f"{path.name}.stale-{stamp}"), 1
+        while aside.exists():
+            aside, n = path.with_name(f"{path.name}.stale-{stamp}-{n}"), n + 1
+        path.rename(aside)
+        logger.warning(
+            "%s already existed (%s): moved it aside to %s, then saved; delete it when you no "
+            "longer need it",
+            path,
+            what,
+            aside.name,
+        )
 
     def _purge(self) -> None:
         """Delete complete steps older than the newest keep_latest_k (never step-0)."""

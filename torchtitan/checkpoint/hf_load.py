@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from pathlib import Path
 
 import torch.nn as nn
@@ -20,6 +22,8 @@ from torchtitan.models.llama3.hf import (
     inspect_hf_checkpoint,
     read_hf_file,
 )
+
+logger = logging.getLogger("torchtitan")
 
 
 def _model_keys(model: nn.Module) -> set[str]:
@@ -66,6 +70,7 @@ def load_hf_weights(
     Every parameter the model holds must be in the checkpoint, strict or not. Problems raise a
     one-line ValueError on every rank.
     """
+    start = time.perf_counter()
     parts = list(model) if isinstance(model, (list, tuple)) else [model]
     args = args if args is not None else parts[0].args
     consensus = Consensus()
@@ -83,8 +88,17 @@ def load_hf_weights(
     options = StateDictOptions(
         full_state_dict=True, broadcast_from_rank0=consensus.distributed, strict=False
     )
+    tensors = 0
     for path in ckpt.files:
         sd = read_hf_file(path, args, ckpt.tie_word_embeddings) if consensus.rank == 0 else {}
+        tensors += len(sd)
         for part in parts:
             # set_model_state_dict may rename entries of the dict it is given: pass a copy
             set_model_state_dict(part, dict(sd), options=options)
+    if consensus.rank == 0:
+        logger.info(
+            "loaded %d tensors from the Hugging Face checkpoint %s in %.2fs",
+            tensors,
+            hf_dir,
+            time.perf_counter() - start,
+        )

@@ -26,18 +26,16 @@ from torchtitan.checkpoint.folders import (
     check_loadable,
     complete_steps,
     incomplete_folders,
+    step_listing,
     temporary,
 )
+from torchtitan.checkpoint.resume_changes import describe_changes
 from torchtitan.checkpoint.safe_io import load_safely, read_state_names
 from torchtitan.checkpoint.states import GLOBAL_STATES, TrainState, training_states
 from torchtitan.config import Checkpoint
 from torchtitan.dtypes import dtype_from_name
 
 logger = logging.getLogger("torchtitan")
-
-
-def _listing(steps: list[int]) -> str:
-    return ", ".join(str(s) for s in sorted(steps)) or "none"
 
 
 class CheckpointManager:
@@ -182,7 +180,7 @@ class CheckpointManager:
             if c.load_step != -1 and c.load_step not in steps:
                 raise CheckpointError(
                     f"--checkpoint.load_step {c.load_step}: no complete checkpoint "
-                    f"step-{c.load_step} in {self.folder} (complete steps: {_listing(steps)})"
+                    f"step-{c.load_step} in {self.folder} (complete steps: {step_listing(steps)})"
                 )
             if steps:
                 return self._resume(steps if c.load_step == -1 else [c.load_step])
@@ -205,7 +203,9 @@ class CheckpointManager:
         return steps
 
     def _load_initial(self, path: Path) -> int:
-        self._consensus.decide_on_rank0(lambda: check_loadable(path))
+        self._consensus.decide_on_rank0(
+            lambda: check_loadable(path, "--checkpoint.initial_load_path")
+        )
         wanted = ["model"] if self.cfg.initial_load_model_only else self._wanted()
         start = time.perf_counter()
         loaded, error = self._try_load(path, wanted)
@@ -219,6 +219,7 @@ class CheckpointManager:
             path,
             time.perf_counter() - start,
         )
+        self._report_changes(loaded, step)
         return step
 
     def _wanted(self) -> list[str]:
@@ -242,7 +243,7 @@ class CheckpointManager:
             raise CheckpointError(f"checkpoint step-{order[0]} could not be loaded: {error}")
         raise CheckpointError(
             f"none of the checkpoints in {self.folder} could be loaded "
-            f"(steps {_listing(order)}); the oldest failed with {error}"
+            f"(steps {step_listing(order)}); the oldest failed with {error}"
         )
 
     def _resumed(self, step: int, loaded: list[str], start: float) -> int:
@@ -267,7 +268,18 @@ class CheckpointManager:
             time.perf_counter() - start,
             resumed,
         )
+        self._report_changes(loaded, resumed)
         return resumed
+
+    def _report_changes(self, loaded: list[str], step: int) -> None:
+        """Log what the loaded run's settings (training.steps, batch...) differ in, if known."""
+        if "train_state" not in loaded:
+            return
+        schedulers = self.states.get("lr_scheduler")
+        lr = schedulers.schedulers[0].get_last_lr()[0] if schedulers is not None else None
+        ts = self.train_state
+        for level, line in describe_changes(ts.saved_settings, ts.settings, step + 1, lr):
+            logger.log(level, line)
 
     def _try_load(self, path: Path, wanted: list[str]) -> tuple[list[str], str | None]:
         """Load ``wanted`` ∩ what ``path`` holds; -> (states loaded, error agreed by all ranks)."""
@@ -287,6 +299,8 @@ class CheckpointManager:
             logger.warning("%s holds no %s; not restored", path, ", ".join(missing))
         try:
             load_safely({k: self.states[k] for k in loaded}, path, self._consensus.distributed)
+            if "lr_scheduler" in self.states:  # the schedule owns the lr, not the optimizer state
+                self.states["lr_scheduler"].apply_to_optimizers()
         except (Exception, CheckpointException) as e:
             error = describe_error(e)
         return loaded, self._consensus.first_error(error)

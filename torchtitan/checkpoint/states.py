@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import io
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -26,6 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.stateful import Stateful
 
 from torchtitan.config import ExcludableState, choices
+from torchtitan.optim import resume_lr_scheduler
 from torchtitan.parallel.float8 import plain_weights
 
 STATES = ("model", *choices(ExcludableState))
@@ -39,17 +40,25 @@ FLAT_OPTIM = StateDictOptions(flatten_optimizer_state_dict=True)
 
 @dataclass
 class TrainState(Stateful):
-    """The train loop's own progress: the last completed step and what it has consumed."""
+    """The train loop's own progress: the last completed step and what it has consumed.
+
+    ``settings``: this run's settings that a resume compares (``resume_changes.run_settings``),
+    saved with every step; loading puts the checkpoint's in ``saved_settings`` ({} when it
+    holds none) and leaves ``settings`` alone.
+    """
 
     step: int = 0
     tokens_seen: int = 0  # global tokens trained on, over all data-parallel ranks
+    settings: dict[str, Any] = field(default_factory=dict)
+    saved_settings: dict[str, Any] = field(default_factory=dict)
 
-    def state_dict(self) -> dict[str, int]:
-        return {"step": self.step, "tokens_seen": self.tokens_seen}
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "tokens_seen": self.tokens_seen, "settings": self.settings}
 
-    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.step = int(state_dict["step"])
         self.tokens_seen = int(state_dict.get("tokens_seen", 0))
+        self.saved_settings = dict(state_dict.get("settings", {}))
 
 
 class ModelState(Stateful):
@@ -133,8 +142,9 @@ class BlobState(Stateful):
 class LRSchedulerState(BlobState):
     """The schedulers step in lockstep, so one state (the first's) is saved and loaded into all.
 
-    After loading, each optimizer's lr is set to its scheduler's last lr, so the next step uses
-    the resumed lr even when the optimizer state itself is excluded from loading.
+    Loading restores the step count only: the schedule stays this run's (``resume_lr_scheduler``).
+    DCP loads the states in key order, so the optimizer's (with the checkpoint's lr) comes after
+    this one: the manager calls ``apply_to_optimizers`` once everything is loaded.
     """
 
     def __init__(self, schedulers: list):
@@ -143,7 +153,10 @@ class LRSchedulerState(BlobState):
 
     def _set(self, state: dict[str, Any]) -> None:
         for scheduler in self.schedulers:
-            scheduler.load_state_dict(copy.deepcopy(state))
+            resume_lr_scheduler(scheduler, copy.deepcopy(state))
+
+    def apply_to_optimizers(self) -> None:
+        """Set each optimizer's lr to its schedule's lr for the next step."""
         for scheduler in self.schedulers:
             for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr()):
                 group["lr"] = lr

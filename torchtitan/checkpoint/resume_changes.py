@@ -1,0 +1,71 @@
+"""What changed between the run that wrote a checkpoint and the run resuming it, one line each.
+
+The trainer records ``run_settings`` in its ``TrainState``; every checkpoint carries them, and
+``describe_changes`` compares the loaded ones with the current run's.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from torchtitan.config import JobConfig
+
+# Settings the lr schedule is a function of (with the step): a change applies from the next step.
+SCHEDULE_SETTINGS = (
+    "training.steps",
+    "optimizer.lr",
+    "lr_scheduler.warmup_steps",
+    "lr_scheduler.decay_type",
+    "lr_scheduler.min_lr_ratio",
+)
+# Settings that change what one step trains on.
+BATCH_SETTINGS = ("global batch size", "training.seq_len")
+
+
+def run_settings(cfg: JobConfig, global_batch_size: int) -> dict[str, Any]:
+    """The settings of ``cfg`` a resume compares; ``global_batch_size``: samples per optimizer
+    step (the effective one, not the option's -1)."""
+    return {
+        "training.steps": cfg.training.steps,
+        "optimizer.lr": cfg.optimizer.lr,
+        "lr_scheduler.warmup_steps": cfg.lr_scheduler.warmup_steps,
+        "lr_scheduler.decay_type": cfg.lr_scheduler.decay_type,
+        "lr_scheduler.min_lr_ratio": cfg.lr_scheduler.min_lr_ratio,
+        "global batch size": global_batch_size,
+        "training.seq_len": cfg.training.seq_len,
+    }
+
+
+def _changed(saved: dict, current: dict, names: tuple[str, ...]) -> str:
+    """``name changed a -> b, ...`` for the names both know and that differ ("" if none)."""
+    return ", ".join(
+        f"{name} changed {saved[name]} -> {current[name]}"
+        for name in names
+        if name in saved and name in current and saved[name] != current[name]
+    )
+
+
+def describe_changes(
+    saved: dict, current: dict, next_step: int, lr: float | None
+) -> list[tuple[int, str]]:
+    """(logging level, line) for each kind of change; ``lr``: the lr of ``next_step``."""
+    lines = []
+    if schedule := _changed(saved, current, SCHEDULE_SETTINGS):
+        at = f" (lr {lr:.2e})" if lr is not None else ""
+        lines.append(
+            (
+                logging.INFO,
+                f"{schedule} since the checkpoint: the lr schedule follows the new settings "
+                f"from step {next_step}{at}",
+            )
+        )
+    if batch := _changed(saved, current, BATCH_SETTINGS):
+        lines.append(
+            (
+                logging.WARNING,
+                f"{batch} since the checkpoint: from step {next_step} each step trains on a "
+                "different number of tokens (the data continues where the checkpoint stopped)",
+            )
+        )
+    return lines
