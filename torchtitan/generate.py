@@ -168,6 +168,11 @@ def prepare(options: GenerateOptions, rest: list[str]) -> GenerationJob:
             f"model's vocab_size is {args.vocab_size}; pass the --model.tokenizer_path it was "
             "trained with"
         )
+    if tokenizer.vocab_size < args.vocab_size:
+        log(
+            f"warning: tokenizer {cfg.model.tokenizer_path} has {tokenizer.vocab_size} tokens, the "
+            f"model {args.vocab_size}: is it the tokenizer the model was trained with?"
+        )
     prompt_ids = tokenizer.encode(options.prompt, bos=True)
     check_fits(options, prompt_ids, args, source.in_hf)
     return GenerationJob(options, source, args, tokenizer, prompt_ids, device)

@@ -99,13 +99,13 @@ def model_args_for(source: WeightsSource, flavor: str, max_seq_len: int) -> Mode
 
 
 def empty_model(args: ModelArgs, device: torch.device, dtype: torch.dtype) -> Transformer:
-    """The model on ``device`` with parameters in ``dtype`` (initialised, about to be
-    overwritten) and its RoPE cache in float32."""
+    """The model on ``device`` with uninitialised parameters in ``dtype`` (every one is loaded
+    next; initialising them would cost more than loading) and its RoPE cache in float32."""
     with torch.device("meta"):
         model = Transformer(args)
     model.to_empty(device=device)
     model.to(dtype)
-    model.init_weights(buffer_device=device)  # float32 RoPE cache; parameters stay in dtype
+    model.init_rope_cache(device)
     return model.eval()
 
 
@@ -119,9 +119,13 @@ def load_dcp(model: Transformer, ckpt: Path) -> None:
 
 def load_hf(model: Transformer, folder: Path) -> None:
     ckpt = hf.inspect_hf_checkpoint(folder, model.args)
+    missing = set(model.state_dict())
     for path in ckpt.files:
         sd = hf.read_hf_file(path, model.args, ckpt.tie_word_embeddings)
-        model.load_state_dict(sd, strict=False, assign=False)
+        model.load_state_dict(sd, strict=False)
+        missing -= set(sd)
+    if missing:  # inspect_hf_checkpoint has checked the names; this guards the uninitialised rest
+        raise CheckpointError(f"HF folder {folder} lacks {hf.few_names(missing)}")
 
 
 def load_model(

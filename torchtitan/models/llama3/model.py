@@ -268,14 +268,19 @@ class Transformer(nn.Module):
             h = self.norm(h)
         return self.output(h) if self.output is not None and not self.defer_head else h
 
+    def init_rope_cache(self, buffer_device: torch.device | None = None) -> None:
+        """Recompute the (float32) RoPE cache, on buffer_device or where the buffer is: all a
+        model needs besides its parameters, e.g. after `to_empty()` and before loading them."""
+        with torch.device(buffer_device or self.rope_cache.device):
+            self.rope_cache = self._rope_cache()
+
     def init_weights(self, buffer_device: torch.device | None = None) -> None:
         """Initialise every parameter and recompute the RoPE cache, e.g. after `to_empty()`.
 
         buffer_device: where to put the RoPE cache (default: where the buffer already is).
         """
         with torch.no_grad():
-            with torch.device(buffer_device or self.rope_cache.device):
-                self.rope_cache = self._rope_cache()
+            self.init_rope_cache(buffer_device)
             if self.tok_embeddings is not None:
                 nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=1.0)
             for layer in self.layers.values():
