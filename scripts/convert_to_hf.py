@@ -10,12 +10,13 @@ them (``--step N`` picks one, default the highest step). Only its model weights 
 stored shapes when ``--flavor`` is omitted and exactly one flavor fits.
 
 Writes ``model.safetensors`` (or ``model-0000i-of-0000n.safetensors`` + ``model.safetensors.index
-.json`` above ``--max-shard-size``), ``config.json`` and ``generation_config.json``; the folder
-loads with ``transformers.LlamaForCausalLM.from_pretrained(OUT)``. Each shard's tensors are
-read from the checkpoint, converted and written in turn, so memory use is about one shard in the
-checkpoint's dtype plus one in the output dtype (Llama 3.2 1B, fp32 -> bf16, 1GB shards: 3.3 GB
-peak). The output is written to ``OUT.tmp`` and renamed, and an existing non-empty ``OUT`` is
-never touched.
+.json`` above ``--max-shard-size``), ``config.json``, ``generation_config.json`` and the tokenizer
+(``tokenizer.json``, ``tokenizer_config.json``) of ``--tokenizer``, by default the bundled one when
+the model's vocab_size is its 4096. The folder loads with ``LlamaForCausalLM.from_pretrained(OUT)``
+and ``AutoTokenizer.from_pretrained(OUT)``. Each shard's tensors are read from the checkpoint,
+converted and written in turn, so memory use is about one shard in the checkpoint's dtype plus one
+in the output dtype (Llama 3.2 1B, fp32 -> bf16, 1GB shards: 3.3 GB peak). The output is written
+to ``OUT.tmp`` and renamed, and an existing non-empty ``OUT`` is never touched.
 See docs/hf_interop.md.
 """
 
@@ -34,25 +35,15 @@ sys.path[:0] = [str(SCRIPTS.parent), str(SCRIPTS)]
 import torch  # noqa: E402
 from _hf_cli import check_out_dir, fresh_temporary, publish, run_cli  # noqa: E402
 
-from torchtitan.checkpoint import find_checkpoint, load_safely, read_metadata  # noqa: E402
+from torchtitan.checkpoint import find_checkpoint, load_safely  # noqa: E402
+from torchtitan.config import ASSETS  # noqa: E402
+from torchtitan.data.tokenizer import Tokenizer  # noqa: E402
 from torchtitan.dtypes import DTYPES, dtype_from_name  # noqa: E402
+from torchtitan.inference.weights import dcp_model_tensors as checkpoint_tensors  # noqa: E402
 from torchtitan.models.llama3 import MODEL_FLAVORS, ModelArgs, get_model_args, hf  # noqa: E402
+from torchtitan.models.llama3.hf.tokenizer import write_hf_tokenizer  # noqa: E402
 
-MODEL_PREFIX = "model."
-
-
-def checkpoint_tensors(ckpt: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Our parameter name -> (shape, stored dtype), from the checkpoint's metadata only."""
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    metadata = read_metadata(ckpt)
-    out = {}
-    for key, md in metadata.state_dict_metadata.items():
-        if key.startswith(MODEL_PREFIX) and isinstance(md, TensorStorageMetadata):
-            out[key[len(MODEL_PREFIX) :]] = (tuple(md.size), md.properties.dtype)
-    if not out:
-        raise ValueError(f"checkpoint {ckpt} holds no model weights (no 'model.*' keys)")
-    return out
+BUNDLED_TOKENIZER = ASSETS / "tokenizer.model"
 
 
 def parse_override(text: str) -> tuple[str, object]:
@@ -137,15 +128,21 @@ def convert(
     overrides: dict | None = None,
     dtype: str = "bfloat16",
     max_shard_bytes: int = 5 * 10**9,
-    bos_token_id: int | None = None,
-    eos_token_id: int | None = None,
+    tokenizer: Tokenizer | None = None,
     max_position_embeddings: int | None = None,
 ) -> tuple[str, ModelArgs]:
+    """Without ``tokenizer`` no tokenizer files are written and BOS/EOS follow the Llama 3
+    layout (``hf.llama3_bos_eos``)."""
     from safetensors.torch import save_file
 
     check_out_dir(out)
     tensors = checkpoint_tensors(ckpt)
     flavor, args = resolve_args(tensors, flavor, overrides or {}, ckpt)
+    if tokenizer is not None and tokenizer.vocab_size > args.vocab_size:
+        raise ValueError(
+            f"tokenizer {tokenizer.path} has {tokenizer.vocab_size} tokens, more than the "
+            f"model's vocab_size {args.vocab_size}; pass the --tokenizer it was trained with"
+        )
     torch_dtype = dtype_from_name(dtype)
     names = list(hf.expected_shapes(args))  # HF's usual order: embeddings, layers, norm, head
     itemsize = torch.empty((), dtype=torch_dtype).element_size()
@@ -179,13 +176,15 @@ def convert(
     config = hf.hf_config_dict(
         args,
         dtype=dtype,
-        bos_token_id=bos_token_id,
-        eos_token_id=eos_token_id,
+        bos_token_id=tokenizer.bos_id if tokenizer else None,
+        eos_token_id=tokenizer.eos_id if tokenizer else None,
         max_position_embeddings=max_position_embeddings,
     )
     (tmp / hf.CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]}
     (tmp / hf.GENERATION_CONFIG_FILE).write_text(json.dumps(generation, indent=2) + "\n")
+    if tokenizer is not None:
+        write_hf_tokenizer(tokenizer, tmp, config["max_position_embeddings"])
     publish(tmp, out)
     return flavor, args
 
@@ -207,9 +206,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-shard-size", default="5GB", help="largest safetensors file (5GB)")
     p.add_argument(
         "--tokenizer",
-        help="tokenizer.model whose BOS/EOS ids go into the config (default: "
-        "the Llama 3 layout, vocab_size - 256 and - 255)",
+        help="Llama 3 format tokenizer.model to export as tokenizer.json + tokenizer_config.json "
+        "(its BOS/EOS ids go into the configs); default: the bundled one when the model's "
+        "vocab_size is its 4096, else none (BOS/EOS: vocab_size - 256 and - 255)",
     )
+    p.add_argument("--no-tokenizer", action="store_true", help="write no tokenizer files")
     p.add_argument(
         "--max-position-embeddings",
         type=int,
@@ -222,12 +223,13 @@ def export(a: argparse.Namespace) -> str:
     """The conversion the command line asks for; -> the summary line."""
     ckpt = find_checkpoint(a.checkpoint, a.step)
     overrides = dict(parse_override(o) for o in a.override)
-    bos = eos = None
-    if a.tokenizer:
-        from torchtitan.data.tokenizer import Tokenizer
-
-        tok = Tokenizer(a.tokenizer)
-        bos, eos = tok.bos_id, tok.eos_id
+    if a.tokenizer and a.no_tokenizer:
+        raise ValueError("--tokenizer and --no-tokenizer exclude each other")
+    tokenizer = Tokenizer(a.tokenizer) if a.tokenizer else None
+    if tokenizer is None and not a.no_tokenizer:
+        bundled = Tokenizer(BUNDLED_TOKENIZER)
+        vocab_size = checkpoint_tensors(ckpt).get("output.weight", ((0,), None))[0][0]
+        tokenizer = bundled if vocab_size == bundled.vocab_size else None
     flavor, args = convert(
         ckpt,
         a.out,
@@ -235,11 +237,13 @@ def export(a: argparse.Namespace) -> str:
         overrides,
         a.dtype,
         parse_size(a.max_shard_size),
-        bos,
-        eos,
+        tokenizer,
         a.max_position_embeddings,
     )
-    return f"exported {ckpt} (flavor {flavor}, {args.num_params():,} parameters) to {a.out}"
+    summary = f"exported {ckpt} (flavor {flavor}, {args.num_params():,} parameters) to {a.out}"
+    if tokenizer is None:
+        return summary + "; no tokenizer written (pass --tokenizer PATH/tokenizer.model)"
+    return summary + f" with the tokenizer {tokenizer.path}"
 
 
 def main(argv: list[str] | None = None) -> int:

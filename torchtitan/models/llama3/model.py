@@ -3,6 +3,9 @@
 Built to be sharded afterwards: tensor parallelism refers to the module names below, a pipeline
 split deletes entries of `layers` and sets `tok_embeddings`/`norm`/`output` to None, and context
 parallelism shards the `rope_cache` buffer along its first (sequence) dimension.
+
+Inference passes a ``KVCache`` (kv_cache.py) and the position of the first token; training calls
+``model(tokens)`` and never reaches that path.
 """
 
 import math
@@ -12,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from torchtitan.models.llama3.args import ModelArgs
+from torchtitan.models.llama3.kv_cache import KVCache, LayerKVCache, cached_attention_mask
 
 # Llama 3.1 RoPE scaling constants (the factor itself is ModelArgs.rope_scaling_factor).
 ROPE_LOW_FREQ_FACTOR = 1.0
@@ -127,13 +131,23 @@ class Attention(nn.Module):
         self.wv = nn.Linear(args.dim, args.kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, rope_cache: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope_cache: torch.Tensor,
+        kv_cache: LayerKVCache | None = None,
+        start_pos: int = 0,
+    ) -> torch.Tensor:
+        """With ``kv_cache``, x holds positions ``start_pos ...`` (rope_cache starts there too)
+        and attends to every earlier position stored in the cache."""
         bs, seqlen, _ = x.shape
         # -1, not n_heads: under tensor parallelism each rank holds only its share of the heads.
         xq = self.wq(x).view(bs, seqlen, -1, self.head_dim)
         xk = self.wk(x).view(bs, seqlen, -1, self.head_dim)
         xv = self.wv(x).view(bs, seqlen, -1, self.head_dim)
         xq, xk = apply_rope(xq, xk, rope_cache)
+        if kv_cache is not None:
+            xk, xv = kv_cache.update(xk, xv, start_pos)
 
         n_rep = xq.shape[2] // xk.shape[2]
         gqa = n_rep > 1 and native_gqa(xq)
@@ -141,7 +155,11 @@ class Attention(nn.Module):
             xk, xv = repeat_kv(xk, n_rep), repeat_kv(xv, n_rep)
 
         q, k, v = (t.transpose(1, 2) for t in (xq, xk, xv))  # (bs, heads, seqlen, head_dim)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        if kv_cache is None or start_pos == 0:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else:
+            mask = cached_attention_mask(seqlen, start_pos, x.device)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
         out = out.transpose(1, 2).reshape(bs, seqlen, -1)
         return self.wo(out)
 
@@ -179,8 +197,14 @@ class TransformerBlock(nn.Module):
         depth = layer_id + 1 if args.depth_init else args.n_layers
         self.out_init_std = INIT_STD / math.sqrt(2 * depth)
 
-    def forward(self, x: torch.Tensor, rope_cache: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), rope_cache)
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope_cache: torch.Tensor,
+        kv_cache: LayerKVCache | None = None,
+        start_pos: int = 0,
+    ) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope_cache, kv_cache, start_pos)
         return h + self.feed_forward(self.ffn_norm(h))
 
     def init_weights(self) -> None:
@@ -213,18 +237,42 @@ class Transformer(nn.Module):
             a.head_dim, a.max_seq_len, a.rope_theta, a.rope_scaling, a.rope_scaling_factor
         )
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, cache: KVCache | None = None, start_pos: int = 0
+    ) -> torch.Tensor:
         """tokens (bs, seqlen) int -> logits (bs, seqlen, vocab_size).
 
         In a pipeline stage without tok_embeddings the input is hidden states (bs, seqlen, dim),
         and without output (or with ``defer_head``) the model returns the hidden states.
+        Inference: with ``cache``, tokens are positions ``start_pos ...`` of the sequences whose
+        earlier positions the cache holds (a prompt at 0, then one token at a time); their
+        keys/values are added to it.
         """
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        if cache is not None:
+            return self._head(self._cached_layers(h, cache, start_pos))
         for layer in self.layers.values():
             h = layer(h, self.rope_cache)
+        return self._head(h)
+
+    def _cached_layers(self, h: torch.Tensor, cache: KVCache, start_pos: int) -> torch.Tensor:
+        seqlen = h.shape[1]
+        cache.check_fits(start_pos, seqlen)
+        rope = self.rope_cache[start_pos : start_pos + seqlen]
+        for name, layer in self.layers.items():
+            h = layer(h, rope, cache.layers[name], start_pos)
+        return h
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
         if self.norm is not None:
             h = self.norm(h)
         return self.output(h) if self.output is not None and not self.defer_head else h
+
+    def init_rope_cache(self, buffer_device: torch.device | None = None) -> None:
+        """Recompute the (float32) RoPE cache, on buffer_device or where the buffer is: all a
+        model needs besides its parameters, e.g. after `to_empty()` and before loading them."""
+        with torch.device(buffer_device or self.rope_cache.device):
+            self.rope_cache = self._rope_cache()
 
     def init_weights(self, buffer_device: torch.device | None = None) -> None:
         """Initialise every parameter and recompute the RoPE cache, e.g. after `to_empty()`.
@@ -232,8 +280,7 @@ class Transformer(nn.Module):
         buffer_device: where to put the RoPE cache (default: where the buffer already is).
         """
         with torch.no_grad():
-            with torch.device(buffer_device or self.rope_cache.device):
-                self.rope_cache = self._rope_cache()
+            self.init_rope_cache(buffer_device)
             if self.tok_embeddings is not None:
                 nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=1.0)
             for layer in self.layers.values():

@@ -2,7 +2,8 @@
 
 * ``mapping``: parameter names and the rotary q/k permutation (state dicts both ways);
 * ``config``: config.json <-> ``ModelArgs``;
-* ``files``: an HF folder's config.json and safetensors files, read and checked.
+* ``files``: an HF folder's config.json and safetensors files, read and checked;
+* ``tokenizer``: our tokenizer as tokenizer.json + tokenizer_config.json.
 
 Loading HF weights into a sharded model is collective work; it lives in
 ``torchtitan.checkpoint.hf_load``. docs/hf_interop.md describes the mapping and the scripts.
@@ -43,6 +44,12 @@ from torchtitan.models.llama3.hf.mapping import (
     to_hf_state_dict,
     to_hf_tensor,
 )
+from torchtitan.models.llama3.hf.tokenizer import (
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+    build_hf_tokenizer,
+    write_hf_tokenizer,
+)
 
 __all__ = [
     "CONFIG_FILE",
@@ -50,7 +57,10 @@ __all__ = [
     "LLAMA31_MAX_POSITION_EMBEDDINGS",
     "SAFETENSORS_FILE",
     "SAFETENSORS_INDEX_FILE",
+    "TOKENIZER_CONFIG_FILE",
+    "TOKENIZER_FILE",
     "HFCheckpoint",
+    "build_hf_tokenizer",
     "check_compatible",
     "check_keys",
     "check_shapes",
@@ -74,4 +84,5 @@ __all__ = [
     "read_hf_file",
     "to_hf_state_dict",
     "to_hf_tensor",
+    "write_hf_tokenizer",
 ]

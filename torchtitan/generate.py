@@ -1,0 +1,262 @@
+"""Generate text from a checkpoint: ``python -m torchtitan.generate``.
+
+    python -m torchtitan.generate --job.config_file train_configs/debug_model.toml \\
+        --prompt "The tokenizer" --max_new_tokens 50
+
+Takes the trainer's config (``--job.config_file`` and ``--section.key value`` overrides) plus the
+flags below. The weights come from ``--checkpoint.initial_load_path`` (a DCP ``step-N`` folder, a
+run's checkpoint folder, whose latest complete step is used, or a Hugging Face folder), by default
+the config's own checkpoint folder. Runs on CPU (float32) or one GPU (bfloat16) with a KV cache,
+and prints the prompt, then each piece of text as it is decoded. See docs/generation.md.
+"""
+
+from __future__ import annotations
+
+import codecs
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+import torch
+
+from torchtitan.checkpoint import CheckpointError
+from torchtitan.config import ConfigError, JobConfig, parse_args
+from torchtitan.data.tokenizer import Tokenizer
+from torchtitan.inference.sampling import Sampling, TokenSampler, generate_tokens
+from torchtitan.inference.weights import WeightsSource, load_model, locate_weights, model_args_for
+from torchtitan.models.llama3 import ModelArgs, Transformer
+
+FLAGS = {  # name: (type, help); the defaults are GenerateOptions'
+    "prompt": (str, "text to continue (BOS is prepended); empty: start from BOS alone"),
+    "max_new_tokens": (int, "stop after this many new tokens (or at the tokenizer's EOS)"),
+    "temperature": (float, "sampling temperature; 0 = greedy (always the most likely token)"),
+    "top_k": (int, "sample among the k most likely tokens; 0 = the whole vocabulary"),
+    "seed": (int, "seed of the sampling generator: the same seed gives the same text"),
+    "device": (str, "auto (cuda if available, else cpu), cpu, cuda or cuda:N"),
+}
+SAMPLING_FLAGS = ("temperature", "top_k", "seed")  # fields of Sampling
+
+
+@dataclass
+class GenerateOptions:
+    prompt: str = ""
+    max_new_tokens: int = 100
+    sampling: Sampling = field(default_factory=Sampling)
+    device: str = "auto"
+
+    def set(self, name: str, text: str) -> None:
+        kind = FLAGS[name][0]
+        try:
+            value = kind(text)
+        except ValueError:
+            raise ConfigError(f"--{name} expects {kind.__name__}, got {text!r}") from None
+        setattr(self.owner(name), name, value)
+
+    def owner(self, name: str):
+        """The object holding flag ``name``."""
+        return self.sampling if name in SAMPLING_FLAGS else self
+
+
+def usage() -> str:
+    defaults = GenerateOptions()
+    lines = [
+        "usage: python -m torchtitan.generate [--prompt TEXT] [generation flags] "
+        "[--section.key VALUE ...]",
+        "",
+        "generation flags:",
+    ]
+    for name, (_, text) in FLAGS.items():
+        default = getattr(defaults.owner(name), name)
+        lines.append(f"  --{name} ({default!r})\n      {text}")
+    lines += [
+        "",
+        "Every trainer option is accepted too (python -m torchtitan.train --help): the model is",
+        "--model.flavor with --training.seq_len positions, the tokenizer --model.tokenizer_path,",
+        "the weights --checkpoint.initial_load_path (default: job.dump_folder/checkpoint.folder).",
+    ]
+    return "\n".join(lines)
+
+
+def split_flags(argv: list[str]) -> tuple[GenerateOptions, list[str]]:
+    """Take the generation flags (``--name value`` or ``--name=value``) out of argv; the rest is
+    the trainer's config."""
+    options, rest, i = GenerateOptions(), [], 0
+    while i < len(argv):
+        name, eq, value = argv[i].removeprefix("--").partition("=")
+        if not argv[i].startswith("--") or name not in FLAGS:
+            rest.append(argv[i])
+            i += 1
+            continue
+        if not eq:  # the value is the next argument, whatever it looks like (a prompt may be "--")
+            if i + 1 == len(argv):
+                raise ConfigError(f"--{name} needs a value")
+            value, i = argv[i + 1], i + 1
+        options.set(name, value)
+        i += 1
+    return options, rest
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"--device must be auto, cpu, cuda or cuda:N; got {name!r}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device must be auto, cpu, cuda or cuda:N; got {name!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA GPU is available; use --device cpu")
+    return device
+
+
+def weights_path(cfg: JobConfig) -> Path:
+    c = cfg.checkpoint
+    if c.initial_load_path:
+        return Path(c.initial_load_path)
+    if c.initial_load_in_hf:
+        raise ConfigError("--checkpoint.initial_load_in_hf needs --checkpoint.initial_load_path")
+    default = Path(cfg.job.dump_folder) / c.folder
+    if not default.exists():
+        raise ConfigError(
+            f"no checkpoint to generate from: {default} does not exist; pass "
+            "--checkpoint.initial_load_path (a step-N folder, a checkpoint folder or an HF folder)"
+        )
+    return default
+
+
+@dataclass
+class GenerationJob:
+    options: GenerateOptions
+    source: WeightsSource
+    args: ModelArgs
+    tokenizer: Tokenizer
+    prompt_ids: list[int]
+    device: torch.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.bfloat16 if self.device.type == "cuda" else torch.float32
+
+
+def check_fits(options: GenerateOptions, prompt_ids: list[int], args: ModelArgs, hf: bool):
+    if options.max_new_tokens < 1:
+        raise ConfigError(f"--max_new_tokens must be >= 1; got {options.max_new_tokens}")
+    total = len(prompt_ids) + options.max_new_tokens
+    if total > args.max_seq_len:
+        limit = "max_position_embeddings in config.json" if hf else "--training.seq_len"
+        raise ConfigError(
+            f"the prompt ({len(prompt_ids)} tokens with BOS) + --max_new_tokens "
+            f"{options.max_new_tokens} = {total} exceeds the model's context of "
+            f"{args.max_seq_len} tokens ({limit}); shorten the prompt or lower --max_new_tokens"
+        )
+
+
+def prepare(options: GenerateOptions, rest: list[str]) -> GenerationJob:
+    """Everything that can be checked without reading tensors; a mistake is one ValueError."""
+    options.sampling.validate()
+    cfg = parse_args(rest)
+    device = resolve_device(options.device)
+    source = locate_weights(weights_path(cfg), cfg.checkpoint.initial_load_in_hf)
+    args = model_args_for(source, cfg.model.flavor, cfg.training.seq_len)
+    tokenizer = Tokenizer(cfg.model.tokenizer_path)
+    if tokenizer.vocab_size > args.vocab_size:
+        raise ConfigError(
+            f"tokenizer {cfg.model.tokenizer_path} has {tokenizer.vocab_size} tokens but the "
+            f"model's vocab_size is {args.vocab_size}; pass the --model.tokenizer_path it was "
+            "trained with"
+        )
+    if tokenizer.vocab_size < args.vocab_size:
+        log(
+            f"warning: tokenizer {cfg.model.tokenizer_path} has {tokenizer.vocab_size} tokens, the "
+            f"model {args.vocab_size}: is it the tokenizer the model was trained with?"
+        )
+    prompt_ids = tokenizer.encode(options.prompt, bos=True)
+    check_fits(options, prompt_ids, args, source.in_hf)
+    return GenerationJob(options, source, args, tokenizer, prompt_ids, device)
+
+
+class TextStream:
+    """Token ids -> text, piece by piece: the bytes of a character split over several tokens
+    are held back until it is complete, so the pieces join to ``tokenizer.decode(ids)``."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token_id: int) -> str:
+        return self.decoder.decode(self.tokenizer.encoding.decode_single_token_bytes(token_id))
+
+    def finish(self) -> str:
+        return self.decoder.decode(b"", final=True)
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def load(job: GenerationJob) -> Transformer:
+    kind = "Hugging Face folder" if job.source.in_hf else "DCP checkpoint"
+    log(f"loading {kind} {job.source.path} on {job.device} ({str(job.dtype).split('.')[-1]})")
+    start = time.perf_counter()
+    model = load_model(job.source, job.args, job.device, job.dtype)
+    log(f"loaded {job.args.num_params():,} parameters in {time.perf_counter() - start:.1f}s")
+    return model
+
+
+def stream(job: GenerationJob, model: Transformer, out: TextIO) -> list[int]:
+    """Write the prompt, then each decoded piece of the continuation; -> the new token ids."""
+    eos_id, options = job.tokenizer.eos_id, job.options
+    text, ids = TextStream(job.tokenizer), []
+    out.write(options.prompt)
+    out.flush()
+    start = time.perf_counter()
+    sampler = TokenSampler(options.sampling)
+    for token in generate_tokens(model, job.prompt_ids, options.max_new_tokens, sampler, eos_id):
+        ids.append(token)
+        if token != eos_id:
+            out.write(text.push(token))
+            out.flush()
+    out.write(text.finish() + "\n")
+    out.flush()
+    seconds = time.perf_counter() - start
+    reason = "EOS" if ids[-1] == eos_id else "--max_new_tokens"
+    rate = len(ids) / seconds
+    log(f"{len(ids)} tokens in {seconds:.2f}s ({rate:.1f} tokens/s), stopped at {reason}")
+    return ids
+
+
+def run(job: GenerationJob, out: TextIO) -> list[int]:
+    """Load the weights and stream the continuation to ``out``; -> the new token ids."""
+    return stream(job, load(job), out)
+
+
+def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
+    """0: generated; 2: a mistake in the command line, config, checkpoint or prompt; 1: the
+    checkpoint could not be read. Errors are one ``error: ...`` line on stderr."""
+    try:
+        options, rest = split_flags(sys.argv[1:] if argv is None else argv)
+        if "-h" in rest or "--help" in rest:
+            print(usage())
+            return 0
+        job = prepare(options, rest)
+    except (ValueError, OSError) as e:  # ConfigError and TokenizerError are ValueErrors
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if job.source.note:
+        log(f"note: {job.source.note}")
+    try:
+        run(job, out or sys.stdout)
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(file=out or sys.stdout)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

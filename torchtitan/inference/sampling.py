@@ -1,0 +1,88 @@
+"""Token-by-token generation with a KV cache: prefill the prompt in one pass, then one token per
+step; greedy (temperature 0) or top-k sampling from a seeded generator."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from torchtitan.models.llama3 import Transformer
+from torchtitan.models.llama3.kv_cache import KVCache
+
+
+@dataclass
+class Sampling:
+    temperature: float = 0.8  # 0: greedy (argmax)
+    top_k: int = 50  # sample among the k most likely tokens; 0: the whole vocabulary
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"--temperature must be >= 0 (0 = greedy); got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"--top_k must be >= 0 (0 = no limit); got {self.top_k}")
+
+
+class TokenSampler:
+    """Picks the next token from logits; sampling draws from a CPU generator seeded once, so a
+    seed gives the same tokens on every run (for the same logits)."""
+
+    def __init__(self, sampling: Sampling):
+        sampling.validate()
+        self.sampling = sampling
+        self.generator = torch.Generator().manual_seed(sampling.seed)
+
+    def __call__(self, logits: torch.Tensor) -> int:
+        """logits: (vocab_size,) for the next position."""
+        if self.sampling.temperature == 0:
+            return int(logits.argmax())
+        logits = logits.float()
+        k = self.sampling.top_k
+        if 0 < k < logits.numel():
+            logits, candidates = torch.topk(logits, k)
+        else:
+            candidates = None
+        probs = torch.softmax(logits / self.sampling.temperature, dim=-1).cpu()
+        choice = int(torch.multinomial(probs, 1, generator=self.generator))
+        return choice if candidates is None else int(candidates[choice])
+
+
+def model_dtype(model: Transformer) -> torch.dtype:
+    return next(model.parameters()).dtype
+
+
+@torch.inference_mode()
+def generate_tokens(
+    model: Transformer,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    sampler: TokenSampler,
+    eos_id: int | None = None,
+) -> Iterator[int]:
+    """Yield up to ``max_new_tokens`` new token ids continuing ``prompt_ids``; stops after
+    yielding ``eos_id``. The model needs ``len(prompt_ids) + max_new_tokens <= max_seq_len``."""
+    if not prompt_ids:
+        raise ValueError("the prompt has no tokens (start it with BOS)")
+    if max_new_tokens <= 0:
+        return
+    device = model.rope_cache.device
+    cache = KVCache(
+        model.args,
+        batch_size=1,
+        max_len=len(prompt_ids) + max_new_tokens,
+        device=device,
+        dtype=model_dtype(model),
+    )
+    tokens = torch.tensor([list(prompt_ids)], device=device)
+    logits = model(tokens, cache=cache, start_pos=0)[0, -1]
+    position = len(prompt_ids)
+    for step in range(max_new_tokens):
+        token = sampler(logits)
+        yield token
+        if token == eos_id or step == max_new_tokens - 1:
+            return
+        next_input = torch.tensor([[token]], device=device)
+        logits = model(next_input, cache=cache, start_pos=position)[0, -1]
+        position += 1
