@@ -27,15 +27,16 @@ from pathlib import Path
 from torchtitan import runtime
 from torchtitan.observability.flight_recorder import is_communication_failure
 from torchtitan.observability.numerics import NonFiniteError
+from torchtitan.paths import absolute
 from torchtitan.preflight import USER_ERRORS
 
 logger = logging.getLogger("torchtitan")
 
 BUG, USER_ERROR, NONFINITE, COMMUNICATION = 1, 2, 3, 4
 
-# What a rank's line says about the job, most telling first: the launcher shows the line of the
-# first rank with the lowest rank here. A communication failure is usually the consequence of
-# another rank's error, and a stop the consequence of a signal or of torchrun tearing down.
+# What a rank's line says about the job, most telling first: the launcher shows a line of the
+# first kind here that a rank reported, the earliest of them. A communication failure is usually
+# the consequence of another rank's error, a stop that of a signal or of torchrun tearing down.
 KINDS = ("error", "communication", "stopped")
 
 
@@ -54,9 +55,8 @@ def _first_line(error: BaseException) -> str:
 def _communication(error: BaseException, traces: Path | None) -> Ending:
     hint = ""
     if traces is not None and traces.is_dir() and any(traces.iterdir()):
-        hint = (
-            f"; which rank stopped where: python -m torchtitan.observability.hang_report {traces}"
-        )
+        report = f"python -m torchtitan.observability.hang_report {absolute(traces)}"
+        hint = f"; which rank stopped where: {report}"
     return Ending(
         COMMUNICATION, f"error: communication failed: {_first_line(error)}{hint}", KINDS[1]
     )
@@ -90,8 +90,9 @@ def finish(error: BaseException, step: int | None, traces: Path | None = None) -
     ending = classify(error, step, traces)
     if ending is None:
         return None
-    # The trainer logged its own stop line (Preempted); Python ends a bug with its traceback.
-    if not isinstance(error, runtime.Preempted) and ending.code != BUG:
+    # The trainer logged the line of a stop it saved for; Python ends a bug with its traceback.
+    logged = isinstance(error, runtime.Preempted) and error.step >= 0
+    if not logged and ending.code != BUG:
         (logger.warning if ending.kind == KINDS[2] else logger.error)(ending.line)
     write_error_file(ending)
     return None if ending.code == BUG else ending.code

@@ -33,6 +33,11 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 KINDS = ("error", "communication", "stopped")  # as in torchtitan/exits.py, most telling first
+SIGNAL_HINTS = {
+    "SIGKILL": " (out of host memory? the kernel's OOM killer sends it: see dmesg)",
+    "SIGABRT": " (an abort in native code: see the end of its log)",
+    "SIGSEGV": " (a crash in native code: see the end of its log)",
+}
 
 
 @dataclass
@@ -53,7 +58,7 @@ def from_failure(rank: int, failure: ProcessFailure) -> RankEnding:
         return RankEnding(rank, failure.exitcode, data["line"], data["kind"], data["time"], folder)
     if failure.exitcode < 0:
         name = failure.signal_name()
-        line = f"error: killed by {name} (out of memory? a SIGKILL comes from the kernel or a user)"
+        line = f"error: killed by {name}{SIGNAL_HINTS.get(name, '')}"
     else:
         line = f"error: exited with code {failure.exitcode} without saying why (see its log)"
     return RankEnding(rank, failure.exitcode, line, KINDS[0], failure.timestamp, folder)

@@ -99,6 +99,9 @@ class Preempted(SystemExit):
         self.step, self.signum = step, signum
         self.message = message or f"{stop_signal_name(signum)}: stopped at step {step}"
 
+    def __str__(self) -> str:  # SystemExit's would be the exit code
+        return self.message
+
 
 def needs_flight_recorder_dump(error: BaseException) -> bool:
     """Dump only for communication failures, and for a stop whose step never finished (a peer
