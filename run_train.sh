@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # Launch training with torchrun. Extra arguments are config overrides, e.g.
 #   NGPU=4 CONFIG_FILE=train_configs/llama3_8b.toml ./run_train.sh --training.steps 50
+# Relative paths (CONFIG_FILE, and in the config: dataset, tokenizer, dump folder, checkpoints)
+# are relative to the directory you run this from; CONFIG_FILE defaults to the bundled
+# train_configs/debug_model.toml. --help lists every option with the value the config sets.
+# A failure ends with one line that says why (the ranks' full logs are in
+# <dump_folder>/logs/); the first Ctrl-C saves a checkpoint and stops, a second stops at once.
 # NGPU: processes on this host (default: all visible GPUs, else 1). On a machine without GPUs
 #       NGPU > 1 runs that many CPU processes over gloo.
 # LOG_RANK: comma-separated local ranks whose output is shown (default 0; on every node).
@@ -16,10 +21,19 @@
 # RDZV_ID: rendezvous id shared by the nodes of one job (default "torchtitan").
 # The world size is NNODES * NGPU; the parallel degrees must multiply to it.
 set -euo pipefail
-cd "$(dirname "$0")"
+# No cd: a relative path must mean what it means where the user typed it. PYTHONPATH finds this
+# checkout's torchtitan from anywhere.
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
-PYTHON=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
-CONFIG_FILE=${CONFIG_FILE:-train_configs/debug_model.toml}
+PYTHON=${PYTHON:-$([ -x "$ROOT/.venv/bin/python" ] && echo "$ROOT/.venv/bin/python" || echo python3)}
+CONFIG_FILE=${CONFIG_FILE:-$ROOT/train_configs/debug_model.toml}
+
+for arg in "$@"; do  # help once, with the config's values, and no job
+  if [[ "$arg" == "-h" || "$arg" == "--help" ]]; then
+    exec "$PYTHON" -m torchtitan.preflight --job.config_file "$CONFIG_FILE" "$@"
+  fi
+done
 LOG_RANK=${LOG_RANK:-0}
 NNODES=${NNODES:-1}
 NODE_RANK=${NODE_RANK:-0}
@@ -55,6 +69,7 @@ fi
 WORLD_SIZE=$(( NNODES * NGPU )) "$PYTHON" -m torchtitan.preflight \
   --job.config_file "$CONFIG_FILE" "$@"
 
-exec "$PYTHON" -m torch.distributed.run "${launcher[@]}" --nproc_per_node="$NGPU" \
+# torchrun, ending in the one line that explains a failure (see torchtitan/launch.py).
+exec "$PYTHON" -m torchtitan.launch "${launcher[@]}" --nproc_per_node="$NGPU" \
   --local-ranks-filter "$LOG_RANK" --role rank --tee 3 \
   -m torchtitan.train --job.config_file "$CONFIG_FILE" "$@"

@@ -14,7 +14,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 PYTHON=${PYTHON:-$([ -x "$here/.venv/bin/python" ] && echo "$here/.venv/bin/python" || echo python3)}
 export PYTHON
-CONFIG_FILE=${CONFIG_FILE:-train_configs/debug_model.toml}
+CONFIG_FILE=${CONFIG_FILE:-$here/train_configs/debug_model.toml}
 export CONFIG_FILE
 
 usage() { echo "usage: $0 OUT NAME:NPROC:OVERRIDES [...] [-- COMMON_OVERRIDES]" >&2; exit 2; }
@@ -44,8 +44,10 @@ run_layout() {  # name nproc [overrides...]
 }
 
 echo "== seed checkpoint"
-(cd "$here" && "$PYTHON" -m torchtitan.train --job.config_file "$CONFIG_FILE" "${common[@]}" \
-  --job.dump_folder "$out/seed" --checkpoint.create_seed_checkpoint >"$out/seed.log" 2>&1) \
+# Like run_train.sh: relative paths mean the caller's directory; this checkout is imported.
+PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m torchtitan.train \
+  --job.config_file "$CONFIG_FILE" "${common[@]}" \
+  --job.dump_folder "$out/seed" --checkpoint.create_seed_checkpoint >"$out/seed.log" 2>&1 \
   || { echo "error: the seed checkpoint failed; see $out/seed.log" >&2; exit 1; }
 run_layout reference 1
 names=()

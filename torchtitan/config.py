@@ -6,7 +6,7 @@ aliases below: that alias is the only list of its values (other modules import i
 ``choices``), and the value is checked as soon as it is read. ``parse_args`` reads
 ``--job.config_file`` first, then applies the TOML file, then the CLI overrides, then runs
 ``JobConfig.validate()`` (each section checks itself); every user mistake raises ``ConfigError``
-with one line. This module imports no other project module.
+with one line. This module imports no other project module but ``paths``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+
+from torchtitan.paths import shown
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -615,7 +617,7 @@ def _split_cli(argv: list[str]) -> list[tuple[str, object]]:
 def _read_toml(path: str) -> dict:
     p = Path(path).expanduser()
     if not p.is_file():
-        raise ConfigError(f"config file not found: {path}")
+        raise ConfigError(f"config file not found: {shown(path)}{_bundled_hint(path)}")
     try:
         with open(p, "rb") as f:
             return tomllib.load(f)
@@ -625,12 +627,24 @@ def _read_toml(path: str) -> dict:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
 
 
-def _apply_toml(cfg: JobConfig, data: dict, path: str) -> None:
+def _bundled_hint(path: str) -> str:
+    """A relative path is relative to the current directory; name a bundled file of that name."""
+    bundled = Path(__file__).resolve().parents[1] / path
+    if Path(path).is_absolute() or not bundled.is_file():
+        return ""
+    return f"; the bundled one is {bundled}"
+
+
+def _apply_toml(cfg: JobConfig, data: dict, path: str) -> list[str]:
+    """Set the options of a parsed TOML file; returns the keys it set."""
+    keys = []
     for section_name, section in data.items():
         if not isinstance(section, dict):
             raise _unknown_key(section_name, f"top-level key in {path}; options live in [sections]")
         for name, value in section.items():
             _set(cfg, f"{section_name}.{name}", value, path)
+            keys.append(f"{section_name}.{name}")
+    return keys
 
 
 def _field_help(f: dataclasses.Field, tp) -> str:
@@ -641,40 +655,68 @@ def _field_help(f: dataclasses.Field, tp) -> str:
     return f"{f.metadata['help']} ({quantifier} of: {', '.join(allowed)})"
 
 
-def help_text() -> str:
+def _option_line(key: str, default, current, source: str | None) -> str:
+    """``--key (default)``, or ``--key VALUE (default D, from SOURCE)`` where a value is set."""
+    if source is None or current == default:
+        return f"  --{key} ({_toml_value(default)})"
+    return f"  --{key} {_toml_value(current)} (default {_toml_value(default)}, from {source})"
+
+
+def help_text(cfg: JobConfig | None = None, sources: dict[str, str] | None = None) -> str:
+    """Every option with its default and doc; with ``cfg``, the value it has where ``sources``
+    (key -> the TOML file or the command line) set one."""
     lines = ["usage: python -m torchtitan.train [--section.key VALUE ...]", ""]
+    sources = sources or {}
     for section_name, cls in _sections().items():
         lines.append(f"[{section_name}]")
         defaults, types_ = cls(), _field_types(cls)
+        current = getattr(cfg, section_name) if cfg is not None else defaults
         for f in dataclasses.fields(cls):
-            default = _toml_value(getattr(defaults, f.name))
-            lines.append(
-                f"  --{section_name}.{f.name} ({default})\n      {_field_help(f, types_[f.name])}"
-            )
+            key = f"{section_name}.{f.name}"
+            default, value = getattr(defaults, f.name), getattr(current, f.name)
+            lines.append(_option_line(key, default, value, sources.get(key)))
+            lines.append(f"      {_field_help(f, types_[f.name])}")
     return "\n".join(lines)
 
 
-def _print_help() -> None:
+def _help_for(argv: list[str]) -> str:
+    """``--help``: the options with the values the TOML file and the other arguments set."""
     try:
-        print(help_text(), flush=True)
+        cfg, sources = _build([a for a in argv if a not in ("-h", "--help")])
+    except ConfigError as e:  # still help, with the defaults, and why the values are missing
+        return f"{help_text()}\n\nnote: showing defaults only: {e}"
+    return help_text(cfg, sources)
+
+
+def _print_help(text: str) -> None:
+    try:
+        print(text, flush=True)
     except BrokenPipeError:  # `--help | head` closed the pipe; exit quietly, like other tools
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _build(argv: list[str]) -> tuple[JobConfig, dict[str, str]]:
+    """Defaults < TOML file < command line, unvalidated; -> (config, key -> where it was set)."""
+    cli = _split_cli(argv)
+    cfg, sources = JobConfig(), {}
+    for key, value in cli:
+        if key == "job.config_file":
+            _set(cfg, key, value, _CLI)
+    if cfg.job.config_file:
+        path = cfg.job.config_file
+        sources.update(dict.fromkeys(_apply_toml(cfg, _read_toml(path), path), path))
+    for key, value in cli:
+        _set(cfg, key, value, _CLI)
+        sources[key] = _CLI
+    return cfg, sources
 
 
 def parse_args(argv: list[str] | None = None) -> JobConfig:
     """Build the config from defaults, the TOML file and CLI overrides, then validate it."""
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
-        _print_help()
+        _print_help(_help_for(argv))
         raise SystemExit(0)
-    cli = _split_cli(argv)
-    cfg = JobConfig()
-    for key, value in cli:
-        if key == "job.config_file":
-            _set(cfg, key, value, _CLI)
-    if cfg.job.config_file:
-        _apply_toml(cfg, _read_toml(cfg.job.config_file), cfg.job.config_file)
-    for key, value in cli:
-        _set(cfg, key, value, _CLI)
+    cfg, _ = _build(argv)
     cfg.validate()
     return cfg

@@ -30,6 +30,7 @@ from torchtitan.parallel.pipeline import (
     plan_stages,
 )
 from torchtitan.parallel.tensor_parallel import check_tp_degree
+from torchtitan.paths import absolute, shown
 from torchtitan.planning.fit import check_memory
 
 USER_ERRORS = (ConfigError, DataError, TokenizerError)
@@ -73,7 +74,7 @@ def check_pipeline(cfg: JobConfig, model_args: ModelArgs, dims: ParallelDims) ->
     if schedule == "CSV" and not Path(p.pipeline_parallel_schedule_csv).is_file():
         raise ConfigError(
             "schedule CSV needs --parallelism.pipeline_parallel_schedule_csv pointing at a file; "
-            f"got {p.pipeline_parallel_schedule_csv!r}"
+            f"got {shown(p.pipeline_parallel_schedule_csv)}"
         )
     if schedule in ZERO_BUBBLE and cfg.compile.enable:
         raise ConfigError(
@@ -106,7 +107,7 @@ def check_checkpoint(cfg: JobConfig, model_args: ModelArgs, world_size: int) -> 
         seed = seed_checkpoint_path(cfg)
         if seed.exists():
             raise ConfigError(
-                f"seed checkpoint {seed} already exists; remove it or change the folder"
+                f"seed checkpoint {shown(seed)} already exists; remove it or change the folder"
             )
     if c.initial_load_in_hf and not c.initial_load_path:
         raise ConfigError("--checkpoint.initial_load_in_hf needs --checkpoint.initial_load_path")
@@ -115,10 +116,10 @@ def check_checkpoint(cfg: JobConfig, model_args: ModelArgs, world_size: int) -> 
             inspect_hf_checkpoint(c.initial_load_path, model_args)
         except ValueError as e:
             raise ConfigError(
-                f"--checkpoint.initial_load_path {c.initial_load_path}: {e}"
+                f"--checkpoint.initial_load_path {shown(c.initial_load_path)}: {e}"
             ) from None
     elif c.initial_load_path:
-        check_loadable(c.initial_load_path, "--checkpoint.initial_load_path")
+        check_loadable(absolute(c.initial_load_path), "--checkpoint.initial_load_path")
 
 
 def schedule_warnings(cfg: JobConfig) -> list[str]:

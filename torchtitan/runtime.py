@@ -1,4 +1,5 @@
-"""Process lifecycle: logging, device, process group and mesh, seeding, SIGTERM, restarts."""
+"""Process lifecycle: logging, device, process group and mesh, seeding, SIGTERM and Ctrl-C,
+restarts."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from torchtitan.config import JobConfig
 from torchtitan.observability import flight_recorder
 from torchtitan.parallel.compile import use_per_rank_compile_cache
 from torchtitan.parallel.dims import ParallelDims
+
+logger = logging.getLogger("torchtitan")
 
 
 def setup_logging(rank: int) -> None:
@@ -79,22 +82,46 @@ def shutdown_process() -> None:
     gc.enable()
 
 
-class Preempted(SystemExit):
-    """SIGTERM was handled: progress is saved (step >= 1), or the step could not finish because
-    another rank is gone (step -1); the process exits with 143."""
+STOP_SIGNAL_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
 
-    def __init__(self, step: int):
-        super().__init__(143)
-        self.step = step
+
+def stop_signal_name(signum: int) -> str:
+    return STOP_SIGNAL_NAMES.get(signum, signal.Signals(signum).name)
+
+
+class Preempted(SystemExit):
+    """A stop request (SIGTERM, Ctrl-C) was handled: progress is saved (step >= 1), or the step
+    could not finish because another rank is gone (step -1). The process exits with 128 + the
+    signal (143 for SIGTERM, 130 for Ctrl-C); ``message`` is the one line that says so."""
+
+    def __init__(self, step: int, signum: int = signal.SIGTERM, message: str = ""):
+        super().__init__(128 + signum)
+        self.step, self.signum = step, signum
+        self.message = message or f"{stop_signal_name(signum)}: stopped at step {step}"
+
+    def __str__(self) -> str:  # SystemExit's would be the exit code
+        return self.message
+
+
+def needs_flight_recorder_dump(error: BaseException) -> bool:
+    """Dump only for communication failures, and for a stop whose step never finished (a peer
+    is gone or hung); not for a user error, a non-finite loss, a data error or Ctrl-C."""
+    if isinstance(error, Preempted):
+        return error.step < 0
+    return flight_recorder.is_communication_failure(error)
 
 
 class PreemptionGuard:
-    """Turns SIGTERM into a flag the loop checks after each step; all ranks agree on it.
+    """Turns SIGTERM and Ctrl-C into a stop request the loop checks after each step; all ranks
+    agree on it (``requested()``), then the trainer saves and raises ``Preempted``. A second
+    Ctrl-C raises ``KeyboardInterrupt`` at once: nothing more is saved.
 
-    torchrun also sends SIGTERM when another rank failed; then the step never finishes (or the
-    vote never completes), so GRACE_SECONDS after the signal the main thread gets SIGUSR1, which
-    raises ``Preempted`` there (a real signal also wakes a sleeping or waiting main thread): the
-    Flight Recorder dumps and the process exits before torchrun's SIGKILL, 30 s after its SIGTERM.
+    torchrun forwards both signals to every rank (``torchtitan.launch`` forwards a second Ctrl-C
+    too) and SIGKILLs the ranks 30 s later; it also sends SIGTERM when another rank failed, and
+    then the step never finishes (or the vote never completes). So in a job with a process group,
+    GRACE_SECONDS after the signal the main thread gets SIGUSR1, which raises ``Preempted(-1)``
+    there (a real signal also wakes a sleeping or waiting main thread): the Flight Recorder dumps
+    and the process exits before torchrun's SIGKILL.
     """
 
     GRACE_SECONDS = 20
@@ -104,20 +131,28 @@ class PreemptionGuard:
         self._watchdog: threading.Timer | None = None
 
     def __enter__(self):
-        self._flag = False
-        self._previous = None
+        self._signum = 0  # the first stop signal received
+        self._previous = {}
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-            self._previous_usr1 = signal.signal(signal.SIGUSR1, self._on_sigusr1)
+            for signum in STOP_SIGNAL_NAMES:
+                self._previous[signum] = signal.signal(signum, self._on_stop_signal)
+            self._previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self._on_sigusr1)
         # Its own CPU group: the per-step vote must not queue behind NCCL work.
         self._group = (
             dist.new_group(backend="gloo", timeout=self.timeout) if dist.is_initialized() else None
         )
         return self
 
-    def _on_sigterm(self, signum, frame):
-        self._flag = True
-        if self._watchdog is None:
+    def _on_stop_signal(self, signum, frame):
+        if signum == signal.SIGINT and self._signum:
+            raise KeyboardInterrupt  # Ctrl-C after a stop request: stop now, save nothing
+        if not self._signum:
+            self._signum = signum
+            again = (
+                "; Ctrl-C again stops at once, without saving" if signum == signal.SIGINT else ""
+            )
+            logger.warning("%s: stopping after this step%s", stop_signal_name(signum), again)
+        if self._watchdog is None and dist.is_initialized():
             self._watchdog = threading.Timer(self.GRACE_SECONDS, self._interrupt_main)
             self._watchdog.daemon = True
             self._watchdog.start()
@@ -126,25 +161,31 @@ class PreemptionGuard:
     def _interrupt_main() -> None:
         signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
 
-    @staticmethod
-    def _on_sigusr1(signum, frame):
-        raise Preempted(-1)
+    def _on_sigusr1(self, signum, frame):
+        name = stop_signal_name(self._signum or signal.SIGTERM)
+        raise Preempted(
+            -1,
+            self._signum or signal.SIGTERM,
+            f"{name}: the step did not finish within {self.GRACE_SECONDS} s (another rank is "
+            "gone or hung); not saved",
+        )
 
-    def requested(self) -> bool:
+    def requested(self) -> int:
+        """The stop signal every rank agrees on (SIGTERM wins over Ctrl-C), or 0: go on."""
         if not dist.is_initialized():
-            return self._flag
-        flag = torch.tensor([float(self._flag)])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
-        if flag.item() and self._watchdog is not None:
+            return self._signum
+        vote = torch.tensor([float(self._signum)])
+        dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=self._group)
+        signum = int(vote.item())
+        if signum and self._watchdog is not None:
             self._watchdog.cancel()  # every rank is alive and agreed: take the time to save
-        return bool(flag.item())
+        return signum
 
     def __exit__(self, *exc):
         if self._watchdog is not None:
             self._watchdog.cancel()
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            signal.signal(signal.SIGUSR1, self._previous_usr1)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
         return False
 
 

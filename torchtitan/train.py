@@ -14,7 +14,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
-from torchtitan import runtime
+from torchtitan import exits, runtime
 from torchtitan.checkpoint import CheckpointManager, TrainState, save_seed_checkpoint
 from torchtitan.checkpoint.hf_load import load_hf_weights
 from torchtitan.checkpoint.resume_changes import run_settings
@@ -25,12 +25,12 @@ from torchtitan.metrics import MetricsLogger, StepStats
 from torchtitan.model_build import build_model_parts, build_seed_model, per_step_loss
 from torchtitan.observability import flight_recorder
 from torchtitan.observability.fault_injection import FaultInjector
-from torchtitan.observability.numerics import NonFiniteError, NonFiniteGuard
+from torchtitan.observability.numerics import NonFiniteGuard
 from torchtitan.observability.profiling import maybe_profile
 from torchtitan.optim import build_lr_scheduler, build_optimizer, clip_grad_norm
 from torchtitan.parallel.context_parallel import cp_context
 from torchtitan.parallel.float8 import precompute_float8_scales
-from torchtitan.preflight import USER_ERRORS, CheckedJob, check_job, seed_checkpoint_path
+from torchtitan.preflight import CheckedJob, check_job, seed_checkpoint_path
 
 logger = logging.getLogger("torchtitan")
 
@@ -322,7 +322,12 @@ class Trainer:
         traces = flight_recorder.trace_folder(self.cfg.comm, self.cfg.job.dump_folder)
         record = dist.is_initialized() and self.cfg.comm.trace_buf_size > 0
         with (
-            flight_recorder.dump_on_failure(traces, enabled=record, handle_sigterm=False),
+            flight_recorder.dump_on_failure(
+                traces,
+                enabled=record,
+                handle_sigterm=False,
+                dump_if=runtime.needs_flight_recorder_dump,
+            ),
             maybe_profile(self.cfg.profiling, self.dump_folder, self.rank, self.step) as profiler,
             runtime.PreemptionGuard(self.cfg.comm.init_timeout_seconds) as preemption,
         ):
@@ -347,9 +352,10 @@ class Trainer:
                 if first_step and dist.is_initialized():
                     flight_recorder.set_train_timeout(self.cfg.comm.train_timeout_seconds)
                     first_step = False
-                if preemption.requested():
+                stop_signal = preemption.requested()
+                if stop_signal:
                     self.nonfinite.resolve()
-                    self._stop_for_preemption(saved)
+                    self._stop_for_preemption(saved, stop_signal)
         self.nonfinite.resolve()
         self.checkpointer.close()
         losses = history.tolist()
@@ -357,13 +363,14 @@ class Trainer:
             logger.info("training done: %d steps, final loss %.4f", self.step, losses[-1])
         return losses
 
-    def _stop_for_preemption(self, saved: bool) -> None:
+    def _stop_for_preemption(self, saved: bool, signum: int) -> None:
         if not saved:
             saved = self.checkpointer.save(self.step, force=True)
         self.checkpointer.close()
         where = f"checkpoint step-{self.step} saved" if saved else "checkpointing is off"
-        logger.warning("SIGTERM: stopping after step %d (%s)", self.step, where)
-        raise runtime.Preempted(self.step)
+        line = f"{runtime.stop_signal_name(signum)}: stopping after step {self.step} ({where})"
+        logger.warning(line)
+        raise runtime.Preempted(self.step, signum, line)
 
     def close(self) -> None:
         self.metrics.close()
@@ -376,8 +383,9 @@ def _local(loss: torch.Tensor) -> torch.Tensor:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Train; -> the exit code. Every ending but a bug is one line (see ``torchtitan.exits``)."""
     runtime.setup_logging(runtime.env_rank())
-    trainer = None
+    cfg = trainer = None
     try:
         cfg = parse_args(argv)
         if cfg.checkpoint.create_seed_checkpoint:
@@ -385,15 +393,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         trainer = Trainer(cfg)
         trainer.train()
-    except USER_ERRORS as e:
-        logger.error("error: %s", e)
-        return 2
-    except NonFiniteError as e:
-        logger.error("error: %s", e)
-        return 3
-    except KeyboardInterrupt:
-        logger.warning("interrupted at step %s", trainer.step if trainer else 0)
-        return 130
+    except BaseException as error:
+        traces = flight_recorder.trace_folder(cfg.comm, cfg.job.dump_folder) if cfg else None
+        code = exits.finish(error, trainer.step if trainer else None, traces)
+        if code is None:
+            raise
+        return code
     finally:
         if trainer is not None:
             trainer.close()

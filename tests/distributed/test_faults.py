@@ -15,6 +15,7 @@ import pytest
 from tests.distributed.launch import TINY_JOB, hang_report, kill_tree, read_metrics, start
 from tests.distributed.test_resume import read_metrics_all
 
+HANG_REPORT = "python -m torchtitan.observability.hang_report"
 JOB = [
     *[a for a in TINY_JOB if not a.startswith("--training.steps")],
     "--training.steps=10",
@@ -22,14 +23,16 @@ JOB = [
 ]
 
 
-def trainer_cmd(nproc: int | None, *args: str, launcher=("--standalone",)) -> list[str]:
+def trainer_cmd(
+    nproc: int | None, *args: str, launcher=("--standalone",), runner="torch.distributed.run"
+) -> list[str]:
     train = ["-m", "torchtitan.train", *JOB, *args]
     if nproc is None:
         return [sys.executable, *train]
     return [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        runner,
         *launcher,
         f"--nproc_per_node={nproc}",
         "--local-ranks-filter=0",
@@ -93,22 +96,32 @@ def test_sigterm_saves_a_checkpoint_and_resume_continues(tmp_path):
 def test_desynced_rank_ends_the_job_with_dumps_and_a_report(tmp_path):
     """Rank 1 stalls for 120 s at step 3: rank 0's next collective ends on the 5 s train timeout
     (not the 300 s init timeout), torchrun stops rank 1, every rank dumps its Flight Recorder,
-    and the hang report's first line names rank 1. (A skipped collective is covered by
-    test_flight_recorder.py: in the trainer the next op on the same gloo pair mismatches in size,
-    which gloo answers by aborting the process.)"""
+    and the hang report's first line names rank 1. Launched by torchtitan.launch, the job's last
+    line is rank 0's error, which says how to get that report. (A skipped collective is covered
+    by test_flight_recorder.py: in the trainer the next op on the same gloo pair mismatches in
+    size, which gloo answers by aborting the process.)"""
     begin = time.monotonic()
     rc, out = run(
-        trainer_cmd(2, f"--job.dump_folder={tmp_path}", "--comm.train_timeout_seconds=5"),
+        trainer_cmd(
+            2,
+            f"--job.dump_folder={tmp_path}",
+            "--comm.train_timeout_seconds=5",
+            runner="torchtitan.launch",
+        ),
         tmp_path,
         env={"TORCHTITAN_FAULT": "delay:rank=1:step=3:seconds=120"},
         timeout=200,
     )
-    assert rc != 0
+    assert rc == 4, out[-3000:]
     assert time.monotonic() - begin < 150, "the job was not ended by the train timeout"
     traces = tmp_path / "comm_traces"
     assert sorted(p.name for p in traces.iterdir()) == ["rank_0", "rank_1"], out[-3000:]
     lines = hang_report(traces)
     assert "rank 1" in lines[0], "\n".join(lines)
+    last = out.splitlines()[-1]
+    assert last.startswith("rank 0: error: communication failed: RuntimeError:"), out[-3000:]
+    assert last.endswith(f"; which rank stopped where: {HANG_REPORT} {traces}"), last
+    assert "Traceback" not in out, out[-3000:]
 
 
 def test_killed_rank_restarts_and_finishes_like_an_uninterrupted_run(tmp_path):

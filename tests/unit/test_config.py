@@ -202,3 +202,36 @@ def test_help_prints_the_allowed_values():
     assert '--lr_scheduler.decay_type ("linear")' in text
     assert "(one of: linear, cosine, none)" in text
     assert "(any of: optimizer, lr_scheduler, dataloader, train_state)" in text
+
+
+def test_help_shows_the_values_the_toml_and_command_line_set(tmp_path, capsys):
+    path = tmp_path / "job.toml"
+    path.write_text('[training]\nsteps = 7\nseq_len = 128\n[job]\ndescription = "hi"\n')
+    with pytest.raises(SystemExit):
+        parse_args(["--job.config_file", str(path), "--training.seq_len", "64", "--help"])
+    out = capsys.readouterr().out
+    assert f"--training.steps 7 (default 10000, from {path})" in out
+    assert "--training.seq_len 64 (default 2048, from command line)" in out
+    assert f'--job.description "hi" (default "", from {path})' in out
+    assert "--training.seed (0)" in out and out.count("usage:") == 1
+
+
+def test_help_with_a_broken_toml_still_helps(tmp_path, capsys):
+    path = tmp_path / "job.toml"
+    path.write_text("[training]\nstepz = 7\n")
+    with pytest.raises(SystemExit):
+        parse_args(["--job.config_file", str(path), "--help"])
+    out = capsys.readouterr().out.strip()
+    assert "--training.steps (10000)" in out
+    assert out.splitlines()[-1].startswith("note: showing defaults only: unknown config key")
+
+
+def test_missing_config_file_names_the_path_looked_at(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        parse_args(["--job.config_file", "train_configs/debug_model.toml"])
+    bundled = Path(__file__).resolve().parents[2] / "train_configs" / "debug_model.toml"
+    assert str(e.value) == (
+        f"config file not found: {tmp_path}/train_configs/debug_model.toml (from "
+        f"'train_configs/debug_model.toml'); the bundled one is {bundled}"
+    )

@@ -380,3 +380,29 @@ def test_relooping_logs_epochs(tokenizer, tmp_path, caplog):
         take(dataset, 3)
     assert f"dataset {path} re-looping (epoch 1)" in caplog.messages
     assert dataset.state_dict()["epoch"] >= 2
+
+
+def test_a_bad_line_past_the_first_is_named_when_loading(tokenizer, tmp_path):
+    """Preflight checks the first record only; the loader's error still names file and line
+    (not HF's "DatasetGenerationError: An error occurred while generating the dataset")."""
+    path = write_jsonl(tmp_path / "docs.jsonl", ["one", "two"])
+    with path.open("a") as f:
+        f.write('{"text": "three"\n{"text": "four"}\n')
+    resolve_source(str(path))  # the first record is fine
+    with pytest.raises(DataError) as error:
+        TextDataset(str(path), tokenizer, SEQ_LEN)
+    assert str(error.value) == (
+        f"could not load dataset {path}: {path}, line 3: not valid JSON: Expecting ',' "
+        "delimiter (column 17)"
+    )
+
+
+def test_relative_paths_in_errors_are_shown_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert error_message("data/nope.jsonl") == (
+        f"dataset path not found: {tmp_path}/data/nope.jsonl (from 'data/nope.jsonl')"
+    )
+    (tmp_path / "empty.jsonl").touch()
+    assert error_message("empty.jsonl") == (
+        f"dataset file is empty: {tmp_path}/empty.jsonl (from 'empty.jsonl')"
+    )

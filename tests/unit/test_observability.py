@@ -220,6 +220,19 @@ def test_dump_on_failure(tmp_path):
     assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
 
 
+def test_dump_on_failure_only_where_dump_if_says(tmp_path):
+    """The trainer dumps for communication failures only: not for a user error, a non-finite
+    loss or a data error, which say nothing about the collectives."""
+    with pytest.raises(NonFiniteError):
+        with fr.dump_on_failure(tmp_path / "a", rank=0, dump_if=fr.is_communication_failure):
+            raise NonFiniteError("non-finite loss")
+    assert not (tmp_path / "a").exists()
+    with pytest.raises(RuntimeError):
+        with fr.dump_on_failure(tmp_path / "b", rank=0, dump_if=fr.is_communication_failure):
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer")
+    assert (tmp_path / "b" / "rank_0").is_file()
+
+
 # --------------------------------------------------------------------------- hang report
 
 

@@ -162,3 +162,36 @@ def test_context_parallel_needs_seq_len_divisible_by_2cp(capsys, monkeypatch):
         capsys, "--parallelism.context_parallel_degree", "4", "--training.seq_len", "36"
     )
     assert "seq_len" in err and "8" in err
+
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        ("this is not json\n", "line 1: not valid JSON: Expecting value (column 1)"),
+        ('\n{"text": "a"\n', "line 2: not valid JSON: Expecting ',' delimiter (column 13)"),
+        ('["a", "b"]\n', 'line 1: a JSON array, not an object like {"text": "..."}'),
+        ('{"text": 3}\n', "line 1: field 'text' holds a JSON number, not text"),
+    ],
+)
+def test_garbage_jsonl_is_refused_naming_file_and_line(tmp_path, capsys, content, problem):
+    path = tmp_path / "garbage.jsonl"
+    path.write_text(content)
+    err = run_preflight(capsys, "--training.dataset", str(path))
+    assert err == f"error: dataset file {path}, {problem}\n"
+
+
+def test_json_document_over_many_lines_is_left_to_the_loader(tmp_path, capsys):
+    path = tmp_path / "docs.json"
+    path.write_text('[\n  {"text": "a"},\n  {"text": "b"}\n]\n')
+    assert preflight(["--training.dataset", str(path)]) == 0, capsys.readouterr().err
+
+
+def test_run_train_sh_help_prints_once_with_the_config_values():
+    result = run_train_sh("--training.seed", "5", "--help")
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
+    assert out.count("usage: ") == 1 and "[rank" not in out + result.stderr
+    toml = ROOT / "train_configs" / "debug_model.toml"
+    assert f"--training.steps 100 (default 10000, from {toml})" in out
+    assert "--training.seed 5 (default 0, from command line)" in out
+    assert "--training.max_norm (1.0)" in out  # the TOML sets the default value: shown as such

@@ -40,7 +40,6 @@ in the state); with ``infinite=False`` iteration stops instead, dropping the tra
 don't fill a whole round so that all ranks stop after the same number of samples.
 """
 
-import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -51,7 +50,9 @@ import torch
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import IterableDataset
 
+from torchtitan.data import json_lines
 from torchtitan.data.tokenizer import Tokenizer
+from torchtitan.paths import absolute, shown
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +61,6 @@ HUB_PREFIX = "hf:"
 BUILDER_BY_EXTENSION = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
 SUPPORTED_EXTENSIONS = ", ".join(BUILDER_BY_EXTENSION)
 ROWS_PER_READ = 256
-FIRST_LINE_MAX_BYTES = 1 << 20
 
 
 class DataError(ValueError):
@@ -85,47 +85,57 @@ def builder_for(path: Path) -> str:
     builder = BUILDER_BY_EXTENSION.get(path.suffix.lower())
     if builder is None:
         raise DataError(
-            f"unsupported dataset file extension {path.suffix!r} for {path}; "
+            f"unsupported dataset file extension {path.suffix!r} for {shown(path)}; "
             f"expected one of {SUPPORTED_EXTENSIONS}"
         )
     return builder
 
 
-def json_column_names(path: Path) -> list[str] | None:
-    """Keys of the first JSON-lines record, or None when the file isn't JSON lines."""
-    with path.open("rb") as f:
-        for line in iter(lambda: f.readline(FIRST_LINE_MAX_BYTES), b""):
-            if line.strip():
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    return None
-                return list(record) if isinstance(record, dict) else None
-    return None
-
-
 def column_names(path: Path, builder: str) -> list[str] | None:
     if builder == "text":
         return ["text"]
-    if builder == "parquet":
-        import pyarrow.parquet
+    import pyarrow.parquet
 
-        return pyarrow.parquet.read_schema(path).names
-    return json_column_names(path)
+    return pyarrow.parquet.read_schema(path).names
+
+
+def check_first_json_record(path: Path, text_field: str) -> None:
+    """The first record parses and holds text in ``text_field``; the error names file and line."""
+    try:
+        found = json_lines.first_record(path)
+    except json_lines.RecordProblem as e:
+        raise DataError(f"dataset file {shown(path)}, line {e.line_number}: {e.problem}") from None
+    if found is None:
+        return
+    line_number, record = found
+    if text_field not in record:
+        raise DataError(
+            f"text field {text_field!r} not found in {shown(path)}; "
+            f"available columns: {', '.join(record) or '(none)'}"
+        )
+    value = record[text_field]
+    if value is not None and not isinstance(value, str):
+        raise DataError(
+            f"dataset file {shown(path)}, line {line_number}: field {text_field!r} holds "
+            f"a JSON {json_lines.kind_of(value)}, not text"
+        )
 
 
 def check_text_field(path: Path, builder: str, text_field: str) -> None:
+    if builder == "json":
+        check_first_json_record(path, text_field)
+        return
     names = column_names(path, builder)
     if names is not None and text_field not in names:
         raise DataError(
-            f"text field {text_field!r} not found in {path}; "
+            f"text field {text_field!r} not found in {shown(path)}; "
             f"available columns: {', '.join(names) or '(none)'}"
         )
 
 
 def check_not_empty(path: Path) -> None:
     if path.stat().st_size == 0:
-        raise DataError(f"dataset file is empty: {path}")
+        raise DataError(f"dataset file is empty: {shown(path)}")
 
 
 def is_hidden(path: Path, root: Path) -> bool:
@@ -139,7 +149,7 @@ def folder_files(folder: Path) -> list[Path]:
         if p.is_file() and p.suffix.lower() in BUILDER_BY_EXTENSION and not is_hidden(p, folder)
     )
     if not files:
-        raise DataError(f"dataset folder has no {SUPPORTED_EXTENSIONS} files: {folder}")
+        raise DataError(f"dataset folder has no {SUPPORTED_EXTENSIONS} files: {shown(folder)}")
     return files
 
 
@@ -148,7 +158,7 @@ def local_source(path: Path, name: str, text_field: str) -> DatasetSource:
     builders = sorted({builder_for(f) for f in files})
     if len(builders) > 1:
         raise DataError(
-            f"dataset folder {path} mixes file kinds ({', '.join(builders)}); keep one kind"
+            f"dataset folder {shown(path)} mixes file kinds ({', '.join(builders)}); keep one kind"
         )
     for f in files:
         check_not_empty(f)
@@ -172,9 +182,10 @@ def looks_like_path(spec: str) -> bool:
 
 def missing_path_error(spec: str) -> DataError:
     hint = ""
-    if "/" in spec and not spec.startswith(("/", ".", "~")):
+    names_a_file = Path(spec).suffix.lower() in BUILDER_BY_EXTENSION
+    if "/" in spec and not spec.startswith(("/", ".", "~")) and not names_a_file:
         hint = f" (for a Hugging Face hub dataset write {HUB_PREFIX}{spec})"
-    return DataError(f"dataset path not found: {spec}{hint}")
+    return DataError(f"dataset path not found: {shown(spec)}{hint}")
 
 
 def resolve_source(spec: str, text_field: str = "text") -> DatasetSource:
@@ -212,11 +223,28 @@ def load_hf_dataset(source: DatasetSource):
             streaming=source.streaming,
             **options,
         )
-    except Exception as error:  # HF raises many kinds; the user needs one line naming the file
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    except Exception as error:  # HF raises many kinds; the user needs the file and what is wrong
         raise DataError(
-            f"could not load dataset {source.name}: {type(error).__name__}: {first_line}"
-        ) from error
+            f"could not load dataset {source.name}: {load_failure(source, error)}"
+        ) from (error)
+
+
+def load_failure(source: DatasetSource, error: BaseException) -> str:
+    """The line of a JSON file that is not a record, else the first cause in ``error``'s chain
+    that the datasets library did not raise (its own say "An error occurred while generating the
+    dataset")."""
+    if source.builder == "json":
+        bad = json_lines.first_bad_line(list(source.data_files))
+        if bad is not None:
+            return f"{absolute(bad.path)}, line {bad.line_number}: {bad.problem}"
+    cause = error
+    while type(cause).__module__.startswith("datasets."):
+        deeper = cause.__cause__ or cause.__context__
+        if deeper is None:
+            break
+        cause = deeper
+    lines = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {lines[0]}" if lines else type(cause).__name__
 
 
 def missing_field_error(source: DatasetSource, columns) -> DataError:

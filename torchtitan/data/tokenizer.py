@@ -14,6 +14,8 @@ from pathlib import Path
 
 import tiktoken
 
+from torchtitan.paths import shown
+
 LLAMA3_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
     r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -76,7 +78,7 @@ def parse_rank_line(line: bytes, line_number: int, path: Path) -> tuple[bytes, i
 def read_rank_file(path: Path) -> bytes:
     if not path.is_file():
         raise TokenizerError(
-            f"tokenizer file not found: {path}; pass --model.tokenizer_path with a Llama 3 "
+            f"tokenizer file not found: {shown(path)}; pass --model.tokenizer_path with a Llama 3 "
             "tokenizer.model file"
         )
     contents = path.read_bytes()

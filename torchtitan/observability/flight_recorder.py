@@ -16,7 +16,9 @@ The pieces, in the order a trainer uses them:
   ends (and dumps) after that long instead of hanging for the init timeout.
 * ``dump_on_failure(folder)`` -- around the training loop: an exception (a gloo timeout, an NCCL
   error) or a SIGTERM (torchrun tearing the job down because another rank failed) writes this
-  rank's buffer to ``folder/rank_<r>`` and re-raises.
+  rank's buffer to ``folder/rank_<r>`` and re-raises. The trainer passes ``dump_if`` so that only
+  communication failures dump (``is_communication_failure``): a user error, a non-finite loss or
+  bad data says nothing about the collectives, and a dump would send the user looking there.
 * ``dump(folder, reason)`` -- write this rank's buffer now.
 
 gloo vs NCCL (torch 2.11-2.13):
@@ -48,6 +50,7 @@ import socket
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -260,6 +263,24 @@ class Terminated(SystemExit):
         return f"received {signal.Signals(self.signum).name}"
 
 
+# Words of the RuntimeErrors that gloo (and older NCCL builds) raise for a timeout or a lost peer,
+# e.g. "[.../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation"
+# and "[.../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:59079".
+_COMMUNICATION_WORDS = ("gloo", "nccl", "connection closed by peer", "connection reset by peer")
+
+
+def is_communication_failure(error: BaseException) -> bool:
+    """Whether ``error`` comes from the collectives: a timeout, an NCCL or gloo error, a lost peer
+    or store (``torch.distributed.DistError``), or torchrun's SIGTERM after another rank failed
+    (``Terminated``). Only these make a Flight Recorder dump worth reading."""
+    if isinstance(error, Terminated):
+        return True
+    if dist.is_available() and isinstance(error, dist.DistError):
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and any(w in text for w in _COMMUNICATION_WORDS)
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
@@ -271,11 +292,13 @@ def dump_on_failure(
     enabled: bool = True,
     rank: int | None = None,
     handle_sigterm: bool = True,
+    dump_if: Callable[[BaseException], bool] | None = None,
 ):
     """Dump this rank's buffer (``dump``) if the block raises, then re-raise.
 
     Catches everything but a clean ``SystemExit`` (code 0/None): a collective timeout
-    (``RuntimeError`` / ``DistBackendError``), an NCCL error, Ctrl-C. With ``handle_sigterm``
+    (``RuntimeError`` / ``DistBackendError``), an NCCL error, Ctrl-C; with ``dump_if``, only the
+    exceptions it accepts (e.g. ``is_communication_failure``). With ``handle_sigterm``
     (main thread only), SIGTERM raises ``Terminated`` (exit code 143) in the block, so a rank that
     torchrun stops because another rank failed dumps too. A rank blocked inside a gloo collective
     sees the signal when that collective returns (at the latest after its timeout; torchrun waits
@@ -294,7 +317,8 @@ def dump_on_failure(
         yield
     except BaseException as e:
         clean_exit = isinstance(e, SystemExit) and not isinstance(e, Terminated) and not e.code
-        if enabled and not clean_exit and not isinstance(e, GeneratorExit):
+        wanted = dump_if is None or dump_if(e)
+        if enabled and wanted and not clean_exit and not isinstance(e, GeneratorExit):
             state["dumping"] = True
             try:
                 path = dump(folder, _first_line(e), rank)

@@ -1,0 +1,162 @@
+"""How a rank ends (torchtitan/exits.py), how the launcher picks the line it shows last
+(torchtitan/launch.py), and Ctrl-C in the PreemptionGuard (torchtitan/runtime.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+from torchtitan import exits, launch, runtime
+from torchtitan.config import ConfigError
+from torchtitan.data.text import DataError
+from torchtitan.observability import flight_recorder as fr
+from torchtitan.observability.numerics import NonFiniteError
+
+GLOO_TIMEOUT = RuntimeError(
+    "[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting "
+    "5000ms for recv operation to complete"
+)
+
+
+@pytest.mark.parametrize(
+    "error, code, line, kind",
+    [
+        (ConfigError("bad key"), 2, "error: bad key", "error"),
+        (DataError("bad file"), 2, "error: bad file", "error"),
+        (NonFiniteError("non-finite loss (nan) at step 4"), 3, "error: non-finite", "error"),
+        (GLOO_TIMEOUT, 4, "error: communication failed: RuntimeError: [/pytorch", "communication"),
+        (KeyboardInterrupt(), 130, "Ctrl-C: stopped at once during step 7; not saved", "stopped"),
+        (runtime.Preempted(3, signal.SIGINT, "Ctrl-C: stop"), 130, "Ctrl-C: stop", "stopped"),
+        (runtime.Preempted(3, signal.SIGTERM, "SIGTERM: stop"), 143, "SIGTERM: stop", "stopped"),
+        (runtime.Preempted(-1, signal.SIGTERM, "gone"), 143, "gone", "communication"),
+        (ValueError("oops\nmore"), 1, "error: ValueError: oops (unexpected;", "error"),
+    ],
+)
+def test_every_ending_is_one_line_with_its_code(error, code, line, kind):
+    ending = exits.classify(error, step=7)
+    assert (ending.code, ending.kind) == (code, kind)
+    assert ending.line.startswith(line) and "\n" not in ending.line
+
+
+def test_help_and_clean_exits_are_not_endings():
+    assert exits.classify(SystemExit(0), step=None) is None
+    assert exits.classify(KeyboardInterrupt(), step=None).line.endswith("before training started")
+
+
+def test_communication_failure_names_the_hang_report(tmp_path):
+    assert "hang_report" not in exits.classify(GLOO_TIMEOUT, 3, tmp_path).line  # no dumps
+    (tmp_path / "rank_0").write_bytes(b"")
+    line = exits.classify(GLOO_TIMEOUT, 3, tmp_path).line
+    assert line.endswith(f"python -m torchtitan.observability.hang_report {tmp_path}")
+
+
+def test_finish_writes_what_torchrun_reads(tmp_path, monkeypatch):
+    """The error file is torchrun's format: its ProcessFailure reads our line as the message."""
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    monkeypatch.setenv("RANK", "1")
+    assert exits.finish(DataError("x.jsonl, line 2: not valid JSON"), step=None) == 2
+    failure = ProcessFailure(local_rank=1, pid=1, exitcode=2, error_file=str(error_file))
+    assert failure.message == "error: x.jsonl, line 2: not valid JSON"
+    assert abs(failure.timestamp - time.time()) < 5
+    ending = launch.from_failure(1, failure)
+    assert (ending.rank, ending.code, ending.kind) == (1, 2, "error")
+    assert ending.log_folder == tmp_path
+    # A bug: the file is written, the caller re-raises (Python prints the traceback).
+    assert exits.finish(ValueError("oops"), step=3) is None
+    assert "ValueError: oops" in json.loads(error_file.read_text())["message"]
+
+
+def test_without_torchrun_no_file_is_written(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    assert exits.write_error_file(exits.Ending(2, "error: x", "error")) is None
+
+
+def _ending(rank, kind, t, code=1):
+    return launch.RankEnding(rank, code, f"{kind} on {rank}", kind, t, None)
+
+
+def test_launcher_shows_the_cause_before_its_consequences():
+    # rank 0 timed out first, rank 1 had the real error (a killed rank counts as one), rank 2
+    # was stopped by torchrun's SIGTERM.
+    endings = [
+        _ending(0, "communication", 1.0),
+        _ending(1, "error", 2.0),
+        _ending(2, "stopped", 0.5),
+    ]
+    assert launch.most_telling(endings).rank == 1
+    assert launch.most_telling([_ending(0, "stopped", 2.0), _ending(1, "stopped", 1.0)]).rank == 1
+    assert launch.most_telling([]) is None
+
+
+def test_launcher_explains_a_rank_killed_without_a_word(tmp_path):
+    failure = ProcessFailure(local_rank=0, pid=1, exitcode=-9, error_file=str(tmp_path / "none"))
+    ending = launch.from_failure(3, failure)
+    assert ending.kind == "error" and "killed by SIGKILL" in ending.line
+    lines = launch.summary(ending, several_ranks=True, log_dir=tmp_path)
+    assert lines == [f"logs of every rank: {tmp_path}/", f"rank 3: {ending.line}"]
+
+
+def test_launcher_reads_error_files_of_this_launch_only(tmp_path):
+    old, new = tmp_path / "a" / "attempt_0" / "0", tmp_path / "a" / "attempt_0" / "1"
+    for folder, rank in ((old, 0), (new, 1)):
+        folder.mkdir(parents=True)
+        details = {"rank": rank, "code": 130, "line": f"r{rank}", "kind": "stopped", "time": 1.0}
+        (folder / "error.json").write_text(json.dumps({"message": "m", "torchtitan": details}))
+    os.utime(old / "error.json", (1, 1))  # written before the launch started
+    endings = launch.from_error_files(tmp_path, since=time.time() - 60)
+    assert [(e.rank, e.line, e.log_folder) for e in endings] == [(1, "r1", new)]
+
+
+def test_communication_failures_are_told_apart():
+    assert fr.is_communication_failure(GLOO_TIMEOUT)
+    assert fr.is_communication_failure(RuntimeError("... Connection closed by peer [1.2.3.4]:5"))
+    assert fr.is_communication_failure(fr.Terminated(signal.SIGTERM))
+    for error in (ValueError("gloo"), NonFiniteError("nan"), KeyboardInterrupt(), DataError("x")):
+        assert not fr.is_communication_failure(error)
+    assert runtime.needs_flight_recorder_dump(runtime.Preempted(-1))
+    assert not runtime.needs_flight_recorder_dump(runtime.Preempted(5, signal.SIGINT))
+    assert not runtime.needs_flight_recorder_dump(RuntimeError("injected crash at step 5"))
+
+
+def _signal_self(signum):
+    os.kill(os.getpid(), signum)
+    for _ in range(1000):  # the handler runs between bytecodes
+        pass
+
+
+def test_ctrl_c_asks_to_stop_and_a_second_one_stops_at_once():
+    before = signal.getsignal(signal.SIGINT)
+    with runtime.PreemptionGuard(60) as guard:
+        assert guard.requested() == 0
+        _signal_self(signal.SIGINT)
+        assert guard.requested() == signal.SIGINT
+        with pytest.raises(KeyboardInterrupt):
+            _signal_self(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_sigterm_wins_and_ctrl_c_after_it_stops_at_once():
+    with runtime.PreemptionGuard(60) as guard:
+        _signal_self(signal.SIGTERM)
+        _signal_self(signal.SIGTERM)  # repeated: still a request
+        assert guard.requested() == signal.SIGTERM
+        with pytest.raises(KeyboardInterrupt):
+            _signal_self(signal.SIGINT)
+    assert runtime.Preempted(3, signal.SIGTERM).code == 143
+    assert runtime.Preempted(3, signal.SIGINT).code == 130
+
+
+def test_paths_in_errors_are_absolute(tmp_path, monkeypatch):
+    from torchtitan.paths import shown
+
+    monkeypatch.chdir(tmp_path)
+    assert shown("data/x.jsonl") == f"{tmp_path}/data/x.jsonl (from 'data/x.jsonl')"
+    assert shown(str(tmp_path / "x")) == str(tmp_path / "x")
+    assert shown(Path("~/x")).startswith(str(Path.home()))

@@ -1,0 +1,188 @@
+"""``python -m torchtitan.launch``: torchrun (same options), ending in one line that says why.
+
+``run_train.sh`` starts the trainer through this module. It runs ``torch.distributed.run`` and
+changes what the user sees at the end:
+
+* **The reason, last.** When ranks fail, torchrun raises ``ChildFailedError``: a ~30-line traceback
+  whose "root cause" is the earliest failure to the second, often a rank that merely lost its
+  peer. Each rank writes its one-line ending to its error file (``torchtitan/exits.py``); this
+  launcher prints the most telling one as the last line, and exits with that rank's code.
+* **Every rank's output kept.** For ``-m torchtitan.train`` without ``--log-dir`` the ranks' logs
+  (with ``--tee``/``--redirects``) go to ``<job.dump_folder>/logs/<time>/`` instead of a temporary
+  folder; the end of the output says where.
+* **Ctrl-C.** torchrun forwards the first Ctrl-C to every rank, which saves after its step and
+  stops (130). A second Ctrl-C would make torchrun SIGTERM the ranks and exit with a traceback
+  while they save; here it is forwarded as a Ctrl-C, and the ranks stop at once, unsaved.
+* **SIGTERM** (a scheduler): torchrun forwards it, the ranks save and stop (143), no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from torch.distributed import run as torchrun
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+KINDS = ("error", "communication", "stopped")  # as in torchtitan/exits.py, most telling first
+SIGNAL_HINTS = {
+    "SIGKILL": " (out of host memory? the kernel's OOM killer sends it: see dmesg)",
+    "SIGABRT": " (an abort in native code: see the end of its log)",
+    "SIGSEGV": " (a crash in native code: see the end of its log)",
+}
+
+
+@dataclass
+class RankEnding:
+    rank: int
+    code: int
+    line: str
+    kind: str
+    time: float
+    log_folder: Path | None  # the folder of this rank's stdout.log / stderr.log
+
+
+def from_failure(rank: int, failure: ProcessFailure) -> RankEnding:
+    """A failed rank's ending: its own line where it wrote one, else what its exit code says."""
+    data = failure.error_file_data.get("torchtitan")
+    folder = Path(failure.error_file).parent if os.path.isfile(failure.error_file) else None
+    if isinstance(data, dict):
+        return RankEnding(rank, failure.exitcode, data["line"], data["kind"], data["time"], folder)
+    if failure.exitcode < 0:
+        name = failure.signal_name()
+        line = f"error: killed by {name}{SIGNAL_HINTS.get(name, '')}"
+    else:
+        line = f"error: exited with code {failure.exitcode} without saying why (see its log)"
+    return RankEnding(rank, failure.exitcode, line, KINDS[0], failure.timestamp, folder)
+
+
+def from_error_files(log_dir: Path, since: float) -> list[RankEnding]:
+    """The endings the ranks of this launch wrote into their error files under ``log_dir``."""
+    endings = []
+    for path in log_dir.rglob("error.json") if log_dir.is_dir() else []:
+        try:
+            if path.stat().st_mtime < since:
+                continue
+            data = json.loads(path.read_text()).get("torchtitan")
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            fields = (data["rank"], data["code"], data["line"], data["kind"], data["time"])
+            endings.append(RankEnding(*fields, path.parent))
+    return endings
+
+
+def most_telling(endings: list[RankEnding]) -> RankEnding | None:
+    """The cause before its consequences (``KINDS`` order), then the earliest."""
+    order = {kind: i for i, kind in enumerate(KINDS)}
+    return min(endings, key=lambda e: (order.get(e.kind, 0), e.time), default=None)
+
+
+def summary(ending: RankEnding | None, several_ranks: bool, log_dir: Path | None) -> list[str]:
+    """The last lines: where every rank's output is, then the reason."""
+    lines = []
+    if ending is not None and ending.log_folder is not None:
+        attempt = ending.log_folder.parent
+        lines.append(f"logs of every rank: {attempt}/<local rank>/{{stdout,stderr}}.log")
+    elif log_dir is not None and log_dir.is_dir():
+        lines.append(f"logs of every rank: {log_dir}/")
+    if ending is not None:
+        lines.append(f"rank {ending.rank}: {ending.line}" if several_ranks else ending.line)
+    return lines
+
+
+class CtrlC:
+    """SIGINT in the launcher. The first one stops torchrun's agent like its own handler would:
+    the agent then sends SIGINT to every rank and waits for them. Later ones go straight to the
+    ranks (each is a process group of its own), so the agent keeps waiting while they abort."""
+
+    def __init__(self):
+        self.presses = 0
+
+    def __call__(self, signum, frame):
+        self.presses += 1
+        ranks = worker_pids() if self.presses > 1 else []
+        if not ranks:
+            raise SignalException(f"Process {os.getpid()} got signal: SIGINT", signal.SIGINT)
+        for pid in ranks:
+            try:
+                os.killpg(pid, signal.SIGINT)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def worker_pids() -> list[int]:
+    """This process's children (torchrun's ranks), from /proc; [] where there is no /proc."""
+    me, pids = os.getpid(), []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == me:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def several_nodes(args) -> bool:
+    return torchrun.parse_min_max_nnodes(args.nnodes)[1] > 1
+
+
+def default_log_dir(args) -> Path | None:
+    """``<job.dump_folder>/logs/<time>[-<node>]`` for the trainer, unless ``--log-dir`` is set."""
+    if args.log_dir or not (args.module and args.training_script == "torchtitan.train"):
+        return Path(args.log_dir) if args.log_dir else None
+    from torchtitan.config import ConfigError, parse_args
+
+    try:
+        dump_folder = parse_args(list(args.training_script_args)).job.dump_folder
+    except (ConfigError, SystemExit):
+        return None
+    node = f"-{socket.gethostname()}" if several_nodes(args) else ""
+    stamp = f"{datetime.now():%Y%m%d-%H%M%S}{node}"
+    return Path(dump_folder).expanduser().absolute() / "logs" / stamp
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = torchrun.parse_args(sys.argv[1:] if argv is None else argv)
+    log_dir = default_log_dir(args)
+    if log_dir is not None:
+        args.log_dir = str(log_dir)
+    if hasattr(args, "signals_to_handle"):  # torch >= 2.9; older ones keep torchrun's Ctrl-C
+        args.signals_to_handle = ",".join(
+            s for s in args.signals_to_handle.split(",") if s.strip() != "SIGINT"
+        )
+    several_ranks = several_nodes(args) or str(args.nproc_per_node) != "1"
+    started = time.time()
+    previous = signal.signal(signal.SIGINT, CtrlC())
+    try:
+        torchrun.run(args)
+        return 0
+    except ChildFailedError as e:
+        endings = [from_failure(rank, failure) for rank, failure in e.failures.items()]
+        ending = most_telling(endings)
+        code = ending.code if ending.code > 0 else 128 - ending.code
+    except SignalException as e:
+        ending = most_telling(from_error_files(log_dir, started)) if log_dir else None
+        code = 128 + int(e.sigval)
+        if ending is None:
+            name = "Ctrl-C" if e.sigval == signal.SIGINT else signal.Signals(e.sigval).name
+            ending = RankEnding(0, code, f"{name}: stopped", KINDS[2], time.time(), None)
+            several_ranks = False
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    for line in summary(ending, several_ranks, log_dir):
+        print(line, file=sys.stderr, flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
