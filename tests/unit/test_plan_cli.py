@@ -40,6 +40,22 @@ def test_table_and_commands_that_the_trainer_parses(capsys):
     assert Layout.from_config(cfg, 4).describe() == rows[0][1]
 
 
+def test_float8_plan_names_its_linears_and_keeps_float8_in_the_commands(capsys):
+    out = run_plan(capsys, "--job.config_file", CONFIG_8B, "--gpus", "4", "--card", "H200")
+    float8_out = run_plan(
+        capsys, "--job.config_file", CONFIG_8B, "--gpus", "4", "--card", "H200", "--float8.enable"
+    )
+    assert "float8 tensorwise: wq, wo, w1, w2, w3 in float8; wk, wv, output in bf16" in float8_out
+    assert "float8" not in out
+    assert all("--float8.enable" in cmd for cmd in commands(float8_out))
+
+    def top_speed(text: str) -> int:
+        row = next(line for line in text.splitlines() if line.startswith("1 "))
+        return int(row.split()[-2].replace(",", ""))
+
+    assert top_speed(float8_out) > 1.1 * top_speed(out)
+
+
 def test_overrides_and_nodes_reach_the_command(capsys):
     out = run_plan(
         capsys, "--gpus", "2", "--nodes", "2", "--card", "A100", "--training.seq_len", "1024"

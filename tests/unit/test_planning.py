@@ -3,20 +3,26 @@
 import dataclasses
 
 import pytest
+import torch
+import torch.nn as nn
 
-from torchtitan.config import parse_args
-from torchtitan.models.llama3 import get_model_args
+from torchtitan.config import Float8, parse_args
+from torchtitan.models.llama3 import Transformer, get_model_args
+from torchtitan.parallel.float8 import skip_reason
 from torchtitan.planning.activations import (
     block_bytes_per_token,
+    block_fixed_bytes,
     fused_loss_peak_bytes,
     loss_peak_bytes_per_token,
 )
-from torchtitan.planning.compare import compare_point, load_points
+from torchtitan.planning.compare import _old_code_bytes, compare_point, load_points
+from torchtitan.planning.float8 import Float8Setting, converted_linears
 from torchtitan.planning.hardware import make_hardware
 from torchtitan.planning.layout import Layout, Workload
 from torchtitan.planning.memory import estimate_memory, param_counts, rank_params
 from torchtitan.planning.schedules import inflight_chunks, rank_stages
 from torchtitan.planning.search import search
+from torchtitan.planning.shapes import shapes
 from torchtitan.planning.timing import estimate_time
 
 DEBUG = get_model_args("debugmodel")  # dim 256, 6 layers, 16/4 heads, ffn 768, vocab 4096
@@ -81,6 +87,96 @@ def test_loss_bytes_and_the_chunked_loss():
     compiled = loss_peak_bytes_per_token(model, compiled_loss=True) * 8192
     assert fused < compiled
     assert fused_loss_peak_bytes(model, 100, 1024) < fused  # a chunk never exceeds the tokens
+
+
+def test_fsdp_keeps_the_head_and_one_block_gathered_at_the_peak():
+    """Since the last block reshards after forward (commit ca443e9): the head group, and the
+    last block prefetched for its backward; the old code's extra block is the points'
+    last_block_gathered adjustment (0.41 GiB for 8B)."""
+    work, layout = workload("8B", seq_len=8192), Layout(dp_shard=4, ac_mode="selective")
+    counts = param_counts(work.model, 1)
+    parts = estimate_memory(work, layout).parts
+    assert parts["bf16 weight copies"] == 2 * counts.head + 2 * counts.block
+    adjustment = _old_code_bytes({"last_block_gathered": True}, work, layout)
+    assert adjustment == pytest.approx(2 * counts.block * 1.035)
+    assert adjustment / 2**30 == pytest.approx(0.42, abs=0.005)
+    assert _old_code_bytes({"last_block_gathered": True}, work, Layout(ac_mode="none")) == 0
+
+
+# ------------------------------------------------------------------------------ float8
+
+
+def _trainer_converted(flavor: str, cfg: Float8) -> set[str]:
+    """What the trainer's apply_float8 would convert: skip_reason on the real modules."""
+    with torch.device("meta"):
+        model = Transformer(get_model_args(flavor))
+    names = set()
+    for fqn, module in model.named_modules():
+        if isinstance(module, nn.Linear) and (fqn == "output" or fqn.startswith("layers.0.")):
+            if skip_reason(fqn, module, cfg) is None:
+                names.add(fqn.rsplit(".", 1)[-1])
+    return names
+
+
+@pytest.mark.parametrize(
+    "flavor, options, expected",
+    [
+        ("8B", {}, {"wq", "wo", "w1", "w2", "w3"}),  # wk, wv 4096->1024: too small
+        ("8B", {"skip_small": False}, {"wq", "wk", "wv", "wo", "w1", "w2", "w3"}),
+        ("8B", {"filter_fqns": []}, {"wq", "wo", "w1", "w2", "w3", "output"}),
+        ("1B", {}, {"wq", "wo", "w1", "w2", "w3"}),  # wk, wv 2048->512
+        ("1B", {"recipe": "rowwise"}, {"w1", "w3"}),  # rowwise: out <= 2048 too small
+        ("debugmodel", {}, set()),
+    ],
+)
+def test_float8_linears_follow_the_trainers_rule(flavor, options, expected):
+    cfg = Float8(enable=True, **options)
+    planned = converted_linears(Float8Setting.from_config(cfg), shapes(get_model_args(flavor)))
+    assert planned == expected == _trainer_converted(flavor, cfg)
+    assert Float8Setting.from_config(Float8()) is None
+
+
+def test_float8_activation_and_weight_bytes():
+    """Compiled AC-off blocks recompute what only float8 linears use (CPU measurement, docs):
+    the ffn norm output (w1, w3) and w2's input; the attention norm output too when wq, wk
+    and wv are all float8. Selective AC, eager blocks and TP keep the bf16 bytes."""
+    model, kib = get_model_args("1B"), 1024
+    default, every = {"wq", "wo", "w1", "w2", "w3"}, {"wq", "wk", "wv", "wo", "w1", "w2", "w3"}
+    none = block_bytes_per_token(model, "none")
+    f8 = block_bytes_per_token(model, "none", float8=frozenset(default))
+    assert (none - f8) / kib == 20 and f8 / kib == pytest.approx(54.13, abs=0.01)
+    assert block_bytes_per_token(model, "none", float8=frozenset(every)) / kib == pytest.approx(
+        50.13, abs=0.01
+    )
+    for kwargs in ({"compiled": False}, {"tp": 2}):
+        assert block_bytes_per_token(
+            model, "none", float8=frozenset(every), **kwargs
+        ) == block_bytes_per_token(model, "none", **kwargs)
+    for kind in ("all", "alternate", "full"):
+        assert block_bytes_per_token(model, kind, float8=frozenset(every)) == (
+            block_bytes_per_token(model, kind)
+        )
+    # Autocast keeps bf16 weight copies only of the bf16 linears (wk, wv: 2 x 2048 x 512).
+    assert block_fixed_bytes(model, "none", True, float8=frozenset(default)) == 2 * (
+        2 * 2048 * 512 + 2 * 2048
+    )
+
+
+def test_float8_all_gather_halves_the_gathered_float8_weights():
+    base = workload("8B", seq_len=8192)
+    gather = Float8Setting(fsdp_float8_all_gather=True)
+    layout = Layout(dp_shard=4, ac_mode="selective")
+    counts, linears = param_counts(base.model, 1), shapes(base.model).linears
+    float8_weights = sum(linears[n] for n in ("wq", "wo", "w1", "w2", "w3"))
+    copies = estimate_memory(base.with_(float8=gather), layout).parts["bf16 weight copies"]
+    assert copies == 2 * counts.head + 2 * counts.block - float8_weights
+    plain = estimate_memory(base.with_(float8=Float8Setting()), layout).parts
+    assert plain["bf16 weight copies"] == 2 * counts.head + 2 * counts.block
+    hw = make_hardware(4, card="H200")
+    times = [estimate_time(base.with_(float8=s), layout, hw) for s in (None, gather)]
+    assert times[1].tokens_per_second_per_gpu > times[0].tokens_per_second_per_gpu
+    ddp = Layout(dp_replicate=4)  # FSDP does not shard: the trainer gathers nothing in float8
+    assert base.with_(float8=gather).float8_gathered(ddp) == frozenset()
 
 
 # ------------------------------------------------------------------------------ invariants
@@ -189,14 +285,39 @@ def test_calibrated_points_within_targets(point):
     assert abs(row.tokens_error) <= row.tokens_tolerance, f"tokens/s {row.tokens_error:+.1%}"
 
 
+def test_superseded_points_are_labelled_and_every_point_names_its_card_and_code():
+    for point in load_points() + load_points(superseded=True):
+        assert point["card"] in ("H100", "H200") and point["code"] and point["source"]
+    assert all(p["superseded"] for p in load_points(superseded=True))
+
+
 def test_top_pick_for_8b_on_4_h200_is_near_the_best_measured_layout():
-    best_measured = max(p["tokens_per_second"] for p in load_points() if "8B" in p["name"])
+    measured_8b_h200_bf16 = [
+        p
+        for p in load_points()
+        if p["card"] == "H200"
+        and p["gpus"] == 4
+        and "--model.flavor 8B --training.seq_len 8192" in p["args"]
+        and "--float8.enable" not in p["args"]
+    ]
+    best = max(measured_8b_h200_bf16, key=lambda p: p["tokens_per_second"])
+    assert best["name"] == "8B FSDP4, AC off (pre-GQA)"  # 9,519 tokens/s
     cfg = parse_args(["--job.config_file", "train_configs/llama3_8b.toml"])
     hw = make_hardware(4, card="H200")
     plan = search(cfg, Workload.from_config(cfg).with_(compile=True, compile_loss=True), hw)
     top = plan.fits[0]
-    assert top.layout.describe() == "FSDP4"  # the measured best: FSDP4 without AC, 9,519
-    assert abs(top.tokens_per_second / best_measured - 1) <= 0.05
+    assert top.layout.describe() == "FSDP4"
+    assert abs(top.tokens_per_second / best["tokens_per_second"] - 1) <= 0.05
+
+
+def test_float8_plan_ranks_float8_layouts_faster():
+    cfg = parse_args(["--job.config_file", "train_configs/llama3_8b.toml", "--float8.enable"])
+    hw = make_hardware(4, card="H200")
+    work = Workload.from_config(cfg).with_(compile=True, compile_loss=True)
+    float8 = search(cfg, work, hw).fits[0]
+    bf16 = search(cfg, work.with_(float8=None), hw).fits[0]
+    assert float8.layout == bf16.layout
+    assert 1.1 < float8.tokens_per_second / bf16.tokens_per_second < 1.4
 
 
 def test_search_keeps_the_global_batch_and_the_trainers_checks():

@@ -6,6 +6,13 @@ The table below lists what a compiled bf16 Llama block keeps between its forward
 ``python -m torchtitan.planning.measure`` on an H100 with torch 2.11 exactly (KiB per token per
 block; Llama 3.2 1B / 3.1 8B): no AC 74.13 / 136.13, selective op keeping all matmuls
 50.12 / 92.12, every other matmul 29.12 / 54.12, full AC 4.0 / 8.0.
+
+Float8 linears (compiled blocks): a tensor whose only users are float8 linears is not saved; the
+compiler saves the tensors it is recomputed from (norm input and 1/RMS, w1 and w3 outputs) and
+redoes the pointwise float8 cast in backward. Selective AC saves matmul outputs, not inputs, so
+it keeps the same bytes as bf16. (CPU, ``saved_tensors_hooks`` on a compiled block with
+torchao's emulated float8, 2026-11-26: 1B AC off 74.13 -> 54.13 KiB with wk/wv in bf16, 50.13
+with all seven float8; selective all unchanged; docs/planning.md.)
 """
 
 from __future__ import annotations
@@ -13,27 +20,29 @@ from __future__ import annotations
 import functools
 
 from torchtitan.models.llama3 import ModelArgs
+from torchtitan.planning import calibration as cal
 from torchtitan.planning.shapes import Shapes, shapes
 
 MODES = ("none", "all", "alternate", "full")
 
-# (saved tensor, width per token, sharded by TP, the modes that keep it). Widths are names of
-# Shapes fields. Under TP, "sharded" tensors hold 1/tp of their width (heads, FFN columns, or the
-# sequence for the SP residual stream); the others are full (the all-gathered norm outputs).
-# Compiled selective AC drops the saved matmul outputs no backward needs (w2's; wo's under TP,
-# where the reduce-scatter output is kept instead).
+# (saved tensor, width per token, sharded by TP, the modes that keep it, the linears that use
+# it). Widths are names of Shapes fields. Under TP, "sharded" tensors hold 1/tp of their width
+# (heads, FFN columns, or the sequence for the SP residual stream); the others are full (the
+# all-gathered norm outputs). Compiled selective AC drops the saved matmul outputs no backward
+# needs (w2's; wo's under TP, where the reduce-scatter output is kept instead). A tensor used
+# only by linears that all run in float8 is recomputed instead (compiled, TP 1).
 BLOCK_TENSORS = (
-    ("block input x", "dim", True, {"none", "all", "alternate", "full"}),
-    ("attention norm output (gathered)", "dim", False, {"none"}),
-    ("wq output q", "q", True, {"none", "all", "alternate"}),
-    ("wk output k", "kv", True, {"none", "all"}),
-    ("wv output v", "kv", True, {"none", "all", "alternate"}),
-    ("attention output", "q", True, {"none", "all", "alternate"}),
-    ("wo output / its reduce-scatter, h", "dim", True, {"none", "all"}),
-    ("ffn norm output (gathered)", "dim", False, {"none"}),
-    ("w1 output", "ffn", True, {"none", "all", "alternate"}),
-    ("w3 output", "ffn", True, {"none", "all"}),
-    ("w2 input silu(w1) * w3", "ffn", True, {"none"}),
+    ("block input x", "dim", True, {"none", "all", "alternate", "full"}, ()),
+    ("attention norm output (gathered)", "dim", False, {"none"}, ("wq", "wk", "wv")),
+    ("wq output q", "q", True, {"none", "all", "alternate"}, ()),
+    ("wk output k", "kv", True, {"none", "all"}, ()),
+    ("wv output v", "kv", True, {"none", "all", "alternate"}, ()),
+    ("attention output", "q", True, {"none", "all", "alternate"}, ()),  # SDPA's backward too
+    ("wo output / its reduce-scatter, h", "dim", True, {"none", "all"}, ()),
+    ("ffn norm output (gathered)", "dim", False, {"none"}, ("w1", "w3")),
+    ("w1 output", "ffn", True, {"none", "all", "alternate"}, ()),
+    ("w3 output", "ffn", True, {"none", "all"}, ()),
+    ("w2 input silu(w1) * w3", "ffn", True, {"none"}, ("w2",)),
 )
 # fp32 extras per token: attention logsumexp (one per head), the two RMSNorms' 1/RMS.
 FP32_EXTRAS = {"none": ("heads", 2), "all": ("heads",), "alternate": ("heads",)}
@@ -54,22 +63,27 @@ def block_bytes_per_token(
     bf16: bool = True,
     autocast: bool = False,
     compiled: bool = True,
+    float8: frozenset[str] = frozenset(),
 ) -> float:
     """Bytes one block keeps for backward per token of this rank's (sequence) share.
 
     autocast: one GPU without FSDP, where the residual stream stays fp32 (2 more bytes per dim).
-    cp > 1: ring attention also keeps the K/V it gathered from the other CP ranks and one
-    partial attention output per ring step (none and selective modes).
+    cp > 1: ring attention also keeps about the K/V of the other CP ranks (none and selective
+    modes; calibration.CP_SAVED_KV). float8: the block linears that run in float8.
     """
-    return _block_bytes(shapes(model), kind, tp, cp, bf16, autocast, compiled)
+    return _block_bytes(shapes(model), kind, tp, cp, bf16, autocast, compiled, float8)
+
+
+def _recomputed_for_float8(users: tuple, float8: frozenset, tp: int, compiled: bool) -> bool:
+    return bool(users) and compiled and tp == 1 and float8.issuperset(users)
 
 
 @functools.lru_cache(maxsize=4096)
-def _block_bytes(w: Shapes, kind, tp, cp, bf16, autocast, compiled) -> float:
+def _block_bytes(w: Shapes, kind, tp, cp, bf16, autocast, compiled, float8) -> float:
     act = 2 if bf16 else 4
     total = 0.0
-    for _, width, sharded, modes in BLOCK_TENSORS:
-        if kind in modes:
+    for _, width, sharded, modes, users in BLOCK_TENSORS:
+        if kind in modes and not _recomputed_for_float8(users, float8, tp, compiled):
             total += act * getattr(w, width) / (tp if sharded else 1)
     for extra in FP32_EXTRAS.get(kind, ()):
         total += 4 * (getattr(w, extra) if isinstance(extra, str) else extra) / tp
@@ -80,7 +94,7 @@ def _block_bytes(w: Shapes, kind, tp, cp, bf16, autocast, compiled) -> float:
     if autocast:
         total += 2 * w.dim / tp
     if kind != "full" and cp > 1:
-        total += (cp - 1) * (2 * act * w.kv + act * w.q + 4 * w.heads) / tp
+        total += cal.CP_SAVED_KV * (cp - 1) * 2 * act * w.kv / tp
     if not compiled and kind == "none":
         total += (act * w.ffn + 8 * w.dim) / tp  # eager: silu output, fp32 norm internals
     elif not compiled and kind != "full":
@@ -97,12 +111,21 @@ def recompute_bytes_per_token(model: ModelArgs | Shapes, kind: str, **kwargs) ->
     )
 
 
-def block_fixed_bytes(model: ModelArgs | Shapes, kind: str, autocast: bool, tp: int = 1) -> float:
+def block_fixed_bytes(
+    model: ModelArgs | Shapes,
+    kind: str,
+    autocast: bool,
+    tp: int = 1,
+    float8: frozenset[str] = frozenset(),
+) -> float:
     """Per-block bytes that do not scale with tokens: under autocast without AC, the bf16 copies of
-    the block's weights that its matmuls save (selective AC recomputes the casts)."""
+    the block's weights that its matmuls save (selective AC recomputes the casts); float8 linears
+    cast their fp32 weights again in backward instead."""
     if not autocast or kind != "none":
         return 0.0
-    return 2 * shapes(model).block_params / tp
+    w = shapes(model)
+    kept = w.block_params - sum(n for name, n in w.linears.items() if name in float8)
+    return 2 * kept / tp
 
 
 # ---------------------------------------------------------------------------- head and loss

@@ -1,5 +1,6 @@
 """Estimates against measured steps: ``python -m torchtitan.planning.compare [POINTS.toml]``
-prints the calibration table of docs/planning.md (default: tests/unit/data/planning_measured.toml).
+prints the calibration table of docs/planning.md (default: tests/unit/data/planning_measured.toml),
+then the superseded points for the record.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchtitan.config import parse_args
+from torchtitan.planning import calibration as cal
 from torchtitan.planning.hardware import GIB, make_hardware
 from torchtitan.planning.layout import Layout, Workload
-from torchtitan.planning.memory import estimate_memory
+from torchtitan.planning.memory import estimate_memory, unit_gather_bytes
 from torchtitan.planning.schedules import inflight_chunks, rank_stages
 from torchtitan.planning.timing import estimate_time
 
@@ -29,9 +31,11 @@ TOKENS_TARGET = 0.15
 @dataclass(frozen=True)
 class Comparison:
     name: str
+    card: str
     source: str
     memory_gib: float  # measured
-    memory_estimate_gib: float
+    memory_estimate_gib: float  # of the code the point ran: today's model + adjustment_gib
+    adjustment_gib: float  # what that code held on top of today's (last block, K/V repeat)
     tokens_per_second: float  # measured, per GPU
     tokens_estimate: float
     memory_tolerance: float
@@ -46,33 +50,45 @@ class Comparison:
         return self.tokens_estimate / self.tokens_per_second - 1
 
 
-def load_points(path: Path = DEFAULT_POINTS) -> list[dict]:
+def load_points(path: Path = DEFAULT_POINTS, superseded: bool = False) -> list[dict]:
+    """The measured points (those marked ``superseded`` only when asked)."""
     with open(path, "rb") as f:
-        return tomllib.load(f)["point"]
+        points = tomllib.load(f)["point"]
+    return [p for p in points if bool(p.get("superseded")) == superseded]
 
 
-def _legacy_kv_bytes(point: dict, work: Workload, layout: Layout) -> float:
-    """What the pre-GQA model saved on top of today's (AC-off blocks only)."""
+def _old_code_bytes(point: dict, work: Workload, layout: Layout) -> float:
+    """What the code a point was measured on held at the peak on top of today's model: the
+    last block's gathered weights (before commit ca443e9) and pre-GQA AC-off blocks' repeated
+    K/V, both scaled by the allocator overhead like every part."""
+    total = 0.0
+    reshards = layout.pp == 1 and work.reshard_policy != "never"
+    if point.get("last_block_gathered") and layout.data_parallel and reshards:
+        total += unit_gather_bytes(work, layout)[0]
     extra = point.get("extra_kib_per_token_block", 0) * 1024
-    if not extra:
-        return 0.0
-    stages = rank_stages(work.model.n_layers, layout)[0]
-    tokens = layout.microbatch_size * work.seq_len / layout.cp
-    return extra * tokens * stages.n_blocks * inflight_chunks(layout, 0, stages.n_stages)
+    if extra:
+        stages = rank_stages(work.model.n_layers, layout)[0]
+        tokens = layout.microbatch_size * work.seq_len / layout.cp
+        chunks = inflight_chunks(layout, 0, stages.n_stages)
+        total += extra * tokens * stages.n_blocks * chunks
+    return total * (1 + cal.ALLOCATOR_FRAGMENTATION)
 
 
 def compare_point(point: dict) -> Comparison:
     cfg = parse_args(shlex.split(point["args"]))
-    hw = make_hardware(point["gpus"], 1, point.get("card", "H200"))
+    hw = make_hardware(point["gpus"], 1, point["card"])
     layout = Layout.from_config(cfg, hw.world_size)
     work = Workload.from_config(cfg)
-    memory = estimate_memory(work, layout).total + _legacy_kv_bytes(point, work, layout)
+    adjustment = _old_code_bytes(point, work, layout)
+    memory = estimate_memory(work, layout).total + adjustment
     tokens = estimate_time(work, layout, hw).tokens_per_second_per_gpu
     return Comparison(
         name=point["name"],
+        card=point["card"],
         source=point["source"],
         memory_gib=point["memory_gib"],
         memory_estimate_gib=memory / GIB,
+        adjustment_gib=adjustment / GIB,
         tokens_per_second=point["tokens_per_second"],
         tokens_estimate=tokens,
         memory_tolerance=point.get("memory_tolerance", MEMORY_TARGET),
@@ -82,14 +98,16 @@ def compare_point(point: dict) -> Comparison:
 
 def markdown_table(rows: list[Comparison]) -> str:
     lines = [
-        "| measured step | memory est. / measured (GiB) | error | tokens/s/GPU est. / measured "
-        "| error | source |",
-        "|---|---|---|---|---|---|",
+        "| measured step | card | memory est. / measured (GiB) | error | old code (GiB) "
+        "| tokens/s/GPU est. / measured | error | source |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        adjustment = f"+{r.adjustment_gib:.2f}" if r.adjustment_gib else "-"
         lines.append(
-            f"| {r.name} | {r.memory_estimate_gib:.1f} / {r.memory_gib:.1f} | "
-            f"{r.memory_error:+.1%} | {r.tokens_estimate:,.0f} / {r.tokens_per_second:,.0f} | "
+            f"| {r.name} | {r.card} | {r.memory_estimate_gib:.1f} / {r.memory_gib:.1f} | "
+            f"{r.memory_error:+.1%} | {adjustment} | "
+            f"{r.tokens_estimate:,.0f} / {r.tokens_per_second:,.0f} | "
             f"{r.tokens_error:+.1%} | {r.source} |"
         )
     return "\n".join(lines)
@@ -98,6 +116,10 @@ def markdown_table(rows: list[Comparison]) -> str:
 def main(argv: list[str]) -> None:
     path = Path(argv[0]) if argv else DEFAULT_POINTS
     print(markdown_table([compare_point(p) for p in load_points(path)]))
+    old = load_points(path, superseded=True)
+    if old:
+        print("\nsuperseded (not calibrated against):\n")
+        print(markdown_table([compare_point(p) for p in old]))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from torchtitan.config import JobConfig
 from torchtitan.models.llama3 import ModelArgs, get_model_args
+from torchtitan.planning.float8 import Float8Setting, converted_linears
 from torchtitan.planning.shapes import Shapes, shapes
 
 
@@ -168,7 +169,7 @@ class Workload:
     loss_parallel: bool = True  # with TP: the loss works on vocab-sharded logits
     reshard_policy: str = "default"  # parallelism.fsdp_reshard_after_forward
     loss_chunk_tokens: int = 0  # training.loss_chunk_tokens: the fused, chunked head + loss
-    float8: bool = False  # Float8 linears: calibration.FLOAT8_* say what it changes
+    float8: Float8Setting | None = None  # [float8] with enable; None: bf16 linears
 
     @classmethod
     def from_config(cls, cfg: JobConfig, compile: bool | None = None) -> Workload:
@@ -184,11 +185,23 @@ class Workload:
             loss_parallel=not p.disable_loss_parallel,
             reshard_policy=p.fsdp_reshard_after_forward,
             loss_chunk_tokens=t.loss_chunk_tokens,
+            float8=Float8Setting.from_config(cfg.float8),
         )
 
     @functools.cached_property
     def shape(self) -> Shapes:
         return shapes(self.model)
+
+    @functools.cached_property
+    def float8_linears(self) -> frozenset[str]:
+        """The linears that run in float8 (wq ... w3 of every block, "output" for the head)."""
+        return converted_linears(self.float8, self.shape)
+
+    def float8_gathered(self, layout: Layout) -> frozenset[str]:
+        """The float8 linears whose weights FSDP all-gathers in float8 under ``layout``."""
+        if self.float8 is None or not self.float8.gathers_float8(layout.fsdp_degree):
+            return frozenset()
+        return self.float8_linears
 
     def with_(self, **changes) -> Workload:
         return dataclasses.replace(self, **changes)

@@ -24,6 +24,7 @@ from torchtitan.planning.activations import (
     loss_peak_bytes_per_token,
     recompute_bytes_per_token,
 )
+from torchtitan.planning.float8 import HEAD
 from torchtitan.planning.layout import Layout, Workload
 from torchtitan.planning.schedules import RankStages, inflight_chunks, rank_stages
 from torchtitan.planning.shapes import Shapes, shapes
@@ -100,7 +101,7 @@ def _rank_memory(work: Workload, layout: Layout, stages: RankStages) -> MemoryEs
     parts["weights (fp32)"] = 4 * params / shard
     parts["optimizer state"] = cal.OPTIMIZER_BYTES_PER_PARAM * params / shard
     parts["gradients"] = _carried_gradients(work, layout, params, shard)
-    parts["bf16 weight copies"] = _working_weights(work, layout, stages, params)
+    parts["bf16 weight copies"] = _working_weights(work, layout, stages)
     parts["communication buffers"] = _comm_buffers(work, layout, stages)
     parts["activations"] = _activations(work, layout, stages)
     name, transient = _loss_or_recompute(work, layout, stages)
@@ -121,41 +122,55 @@ def _carried_gradients(work: Workload, layout: Layout, params: float, shard: int
     return 0.0
 
 
-def _working_weights(work: Workload, layout: Layout, stages: RankStages, params: float) -> float:
+def unit_gather_bytes(work: Workload, layout: Layout) -> tuple[float, float, float]:
+    """Bytes FSDP all-gathers for one block, the embedding and the head group: bf16 weights,
+    but 1 byte for the float8 linears' weights under fsdp_float8_all_gather."""
+    counts = param_counts(work.shape, layout.tp)
+    in_float8 = work.float8_gathered(layout)
+    block_float8 = sum(n for name, n in work.shape.linears.items() if name in in_float8)
+    head_float8 = work.shape.vocab * work.shape.dim if HEAD in in_float8 else 0
+    return (
+        2 * counts.block - block_float8 / layout.tp,
+        2 * counts.embedding,
+        2 * counts.head - head_float8 / layout.tp,
+    )
+
+
+def _working_weights(work: Workload, layout: Layout, stages: RankStages) -> float:
     """bf16 copies of the weights alive at the peak.
 
     FSDP gathers bf16 weights per group: the head group stays gathered from its forward to its
-    backward, the last block too, and one more block is prefetched; under PP (or with
+    backward, and the last block is gathered again (prefetched) for its backward; every block,
+    the last one too, reshards after its forward (since commit ca443e9). Under PP (or with
     fsdp_reshard_after_forward=never) every gathered group stays until backward. On one GPU
     autocast keeps a bf16 copy of the head (the blocks' copies are in block_fixed_bytes).
     """
     if not work.bf16:
         return 0.0
-    counts = param_counts(work.shape, layout.tp)
-    head = counts.head if stages.head else 0.0
+    block, embedding, head = unit_gather_bytes(work, layout)
+    head = head if stages.head else 0.0
     if not layout.data_parallel:
-        return 2 * head
-    gathered = cal.FLOAT8_GATHER_BYTES if work.float8 else 2
+        return 0.0 if HEAD in work.float8_linears else head
     keep_all = layout.pp > 1 and work.reshard_policy != "always"
     if keep_all or work.reshard_policy == "never":
-        return gathered * params
-    return gathered * (head + 2 * counts.block)
+        return stages.n_blocks * block + (embedding if stages.embedding else 0.0) + head
+    return head + block
 
 
 def _comm_buffers(work: Workload, layout: Layout, stages: RankStages) -> float:
     """FSDP's all-gather and reduce-scatter run on their own CUDA streams; the caching allocator
-    keeps what they free for those streams, about two of the largest groups each (bf16 weights,
-    gradients in the reduce dtype). PP adds its send/receive buffers per in-flight chunk."""
+    keeps what they free for those streams, about two of the largest groups each (gathered
+    weights, gradients in the reduce dtype). PP adds its send/receive buffers per in-flight
+    chunk."""
     total = 0.0
     if layout.data_parallel and work.bf16:
         counts = param_counts(work.shape, layout.tp)
-        largest = max(
-            counts.block,
-            counts.embedding if stages.embedding else 0,
-            counts.head if stages.head else 0,
-        )
+        gathered = unit_gather_bytes(work, layout)
         grad_bytes = 4 if work.reduce_fp32 else 2
-        total += cal.FSDP_STREAM_GROUPS * largest * (2 + grad_bytes)
+        units = zip(gathered, (counts.block, counts.embedding, counts.head))
+        held = (True, stages.embedding, stages.head)
+        largest = max(g + grad_bytes * n for (g, n), on in zip(units, held) if on)
+        total += cal.FSDP_STREAM_GROUPS * largest
     if layout.pp > 1:
         tokens = layout.microbatch_size * work.seq_len / layout.cp
         total += 2 * 2 * tokens * work.shape.dim / layout.tp * stages.n_stages
@@ -169,6 +184,7 @@ def _block_kwargs(work: Workload, layout: Layout) -> dict:
         bf16=work.bf16,
         autocast=work.bf16 and not layout.data_parallel,
         compiled=work.compile,
+        float8=work.float8_linears,
     )
 
 
@@ -184,15 +200,15 @@ def _stage_bytes(work: Workload, layout: Layout, n_blocks: int, tokens: float) -
     kind, n_kind = _checkpointed_blocks(layout, n_blocks)
     kwargs = _block_kwargs(work, layout)
     model = work.shape
-    autocast = kwargs["autocast"]
+    fixed = dict(autocast=kwargs["autocast"], tp=layout.tp, float8=kwargs["float8"])
     total = n_kind * (
         block_bytes_per_token(model, kind, **kwargs) * tokens
-        + block_fixed_bytes(model, kind, autocast, layout.tp)
+        + block_fixed_bytes(model, kind, **fixed)
     )
     rest = n_blocks - n_kind
     total += rest * (
         block_bytes_per_token(model, "none", **kwargs) * tokens
-        + block_fixed_bytes(model, "none", autocast, layout.tp)
+        + block_fixed_bytes(model, "none", **fixed)
     )
     return total
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from torchtitan.config import JobConfig
 from torchtitan.planning.command import planned_config, run_train_command
+from torchtitan.planning.float8 import linear_features
 from torchtitan.planning.hardware import GIB, Hardware
+from torchtitan.planning.layout import Workload
 from torchtitan.planning.search import Candidate, Plan, usable_bytes
 
 COLUMNS = ("#", "layout", "AC", "pipeline", "batch", "peak memory", "tokens/s/GPU", "MFU")
@@ -45,11 +47,25 @@ def describe_hardware(hw: Hardware) -> str:
 
 def header(plan: Plan, flavor: str) -> str:
     w = plan.workload
-    return (
+    line = (
         f"Llama 3 {flavor}, seq {w.seq_len}, global batch {plan.global_batch} samples "
         f"({plan.global_batch * w.seq_len:,} tokens) per step, "
         f"on {describe_hardware(plan.hardware)}"
     )
+    return line + (f"\n{describe_float8(w)}" if w.float8 else "")
+
+
+def describe_float8(work: Workload) -> str:
+    """Which linears run in float8 (the trainer's rule), and what moves in float8."""
+    setting, names = work.float8, list(linear_features(work.shape))
+    on = [n for n in names if n in work.float8_linears]
+    off = [n for n in names if n not in work.float8_linears]
+    parts = [f"{', '.join(on) or 'no linear'} in float8"]
+    if off:
+        parts.append(f"{', '.join(off)} in bf16")
+    if setting.fsdp_float8_all_gather and setting.recipe == "tensorwise":
+        parts.append("FSDP all-gathers their weights in float8")
+    return f"float8 {setting.recipe}: {'; '.join(parts)} (MFU against the bf16 peak)"
 
 
 def format_plan(

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 
 from torchtitan.planning import calibration as cal
 from torchtitan.planning.activations import ac_kind
+from torchtitan.planning.float8 import HEAD
 from torchtitan.planning.hardware import Hardware
 from torchtitan.planning.layout import Layout, Workload
-from torchtitan.planning.memory import param_counts, rank_params
+from torchtitan.planning.memory import param_counts, rank_params, unit_gather_bytes
 from torchtitan.planning.schedules import RankStages, bubble_fraction, rank_stages
 from torchtitan.planning.shapes import Shapes
 
@@ -43,33 +44,50 @@ class TimeEstimate:
 RECOMPUTED = {"none": (), "all": (), "alternate": ("wk", "wo", "w3")}
 
 
-def _recomputed_share(model: Shapes, layout: Layout) -> tuple[float, float]:
-    """(share of block forward matmul FLOPs, share of attention forward) that AC recomputes."""
+def _recomputed_share(model: Shapes, layout: Layout) -> tuple[dict[str, float], float]:
+    """(share of each linear's forward FLOPs, share of attention's forward) that AC recomputes."""
     kind = ac_kind(layout.ac_mode, layout.save_matmuls)
     if layout.ac_mode == "selective" and layout.ac_option != "op":
         share = math.ceil(model.n_layers / int(layout.ac_option)) / model.n_layers
-        return share, share
+        return dict.fromkeys(model.linears, share), share
     if kind == "full":
-        return 1.0, 1.0
-    linear = model.linears
-    return sum(linear[n] for n in RECOMPUTED[kind]) / model.block_linear, 0.0
+        return dict.fromkeys(model.linears, 1.0), 1.0
+    return {name: float(name in RECOMPUTED[kind]) for name in model.linears}, 0.0
+
+
+def _float8_speedup(work: Workload, name: str) -> float:
+    """How much faster linear ``name``'s GEMMs run than in bf16 (their float8 share at
+    FLOAT8_MATMUL_SPEEDUP, the cast overhead included)."""
+    if name not in work.float8_linears:
+        return 1.0
+    share = work.float8.float8_gemm_share
+    return 1 / (share / cal.FLOAT8_MATMUL_SPEEDUP + 1 - share)
+
+
+def _block_matmul_seconds(work: Workload, recomputed: dict, tp: int, peak: float) -> float:
+    """Seconds per token of one block's projections: forward, backward (2x) and what AC
+    recomputes, bf16 or float8."""
+    seconds = 0.0
+    for name, weights in work.shape.linears.items():
+        flops = 2 * weights / tp * (3 + recomputed[name])
+        seconds += flops / (cal.MATMUL_EFFICIENCY * peak * _float8_speedup(work, name))
+    return seconds
 
 
 def _compute_seconds(work: Workload, layout: Layout, hw: Hardware, stages: RankStages) -> float:
     """Matmuls, attention and the loss of one rank for one optimizer step."""
     model, peak = work.shape, hw.card.tflops * 1e12
     tokens = layout.local_batch_size * work.seq_len * work.accum_steps(layout) / layout.cp
-    mm_share, attn_share = _recomputed_share(model, layout)
-    block_mm = 2 * model.block_linear / layout.tp  # forward FLOPs per token
+    linear_shares, attn_share = _recomputed_share(model, layout)
     attn = 2 * work.seq_len * model.q / layout.tp  # causal forward
     blocks = stages.n_blocks * tokens
-    speedup = cal.FLOAT8_MATMUL_SPEEDUP if work.float8 else 1.0
-    seconds = blocks * block_mm * (3 + mm_share) / (cal.MATMUL_EFFICIENCY * peak * speedup)
+    seconds = blocks * _block_matmul_seconds(work, linear_shares, layout.tp, peak)
     attn_eff = cal.attention_efficiency(model.head_dim, work.seq_len / layout.cp)
     seconds += blocks * attn * (3 + attn_share) / (attn_eff * peak)
     if stages.head:
         head_flops = tokens * 6 * model.vocab * model.dim / layout.tp
-        seconds += head_flops / (cal.MATMUL_EFFICIENCY * peak)
+        head_speed = cal.MATMUL_EFFICIENCY * peak * _float8_speedup(work, HEAD)
+        seconds += head_flops / head_speed
         kind = "compiled" if work.compile and work.compile_loss else "eager"
         vocab = model.vocab / (layout.tp if work.loss_parallel else 1)
         traffic = cal.LOSS_TRAFFIC_BYTES_PER_VOCAB[kind] * vocab * tokens
@@ -86,6 +104,12 @@ def _ring_seconds(nbytes: float, group: int, gbps: float) -> float:
     return nbytes * (group - 1) / group / (gbps * 1e9 * cal.LINK_EFFICIENCY)
 
 
+def _rank_gather_bytes(work: Workload, layout: Layout, stages: RankStages) -> float:
+    block, embedding, head = unit_gather_bytes(work, layout)
+    total = stages.n_blocks * block
+    return total + (embedding if stages.embedding else 0) + (head if stages.head else 0)
+
+
 def _fsdp_seconds(work: Workload, layout: Layout, hw: Hardware, stages: RankStages) -> tuple:
     """(total, not overlappable) seconds of FSDP/HSDP/DDP traffic per step."""
     if not layout.data_parallel:
@@ -100,7 +124,7 @@ def _fsdp_seconds(work: Workload, layout: Layout, hw: Hardware, stages: RankStag
         else work.accum_steps(layout) * (1 if work.reshard_policy == "never" else 2)
     )
     reduces = 1 if layout.pp > 1 else work.accum_steps(layout)
-    gather = _ring_seconds(2 * params, n, shard_bw)
+    gather = _ring_seconds(_rank_gather_bytes(work, layout, stages), n, shard_bw)
     reduce = _ring_seconds(grad_bytes * params, n, shard_bw)
     total = gathers * gather + reduces * reduce
     r = layout.dp_replicate

@@ -1,0 +1,91 @@
+"""Which linears a ``[float8]`` job runs in float8, decided by the trainer's own rule
+(``torchtitan.parallel.float8.skip_reason``: ``filter_fqns``, dims divisible by 16, and with
+``skip_small`` the GEMM shapes too small to gain) applied to the model's shapes. The rule is a
+pure function of a linear's FQN and shape, so the planner needs neither torchao nor a model.
+
+    setting = Float8Setting.from_config(cfg.float8)      # None without --float8.enable
+    converted_linears(setting, shapes(model))            # frozenset({"wq", "wo", "w1", ...})
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torchtitan.config import Float8
+from torchtitan.parallel.float8 import skip_reason
+from torchtitan.planning.shapes import Shapes
+
+# A block linear's short name -> its FQN below the block; the head is "output".
+BLOCK_LINEAR_FQNS = {
+    "wq": "attention.wq",
+    "wk": "attention.wk",
+    "wv": "attention.wv",
+    "wo": "attention.wo",
+    "w1": "feed_forward.w1",
+    "w2": "feed_forward.w2",
+    "w3": "feed_forward.w3",
+}
+HEAD = "output"
+
+
+@dataclass(frozen=True)
+class Float8Setting:
+    """The ``[float8]`` options the step model reads (field names as ``skip_reason`` reads them)."""
+
+    recipe: str = "tensorwise"
+    fsdp_float8_all_gather: bool = False
+    skip_small: bool = True
+    filter_fqns: tuple[str, ...] = (HEAD,)
+
+    @classmethod
+    def from_config(cls, cfg: Float8) -> Float8Setting | None:
+        if not cfg.enable:
+            return None
+        return cls(cfg.recipe, cfg.fsdp_float8_all_gather, cfg.skip_small, tuple(cfg.filter_fqns))
+
+    @property
+    def float8_gemm_share(self) -> float:
+        """Share of a float8 linear's three GEMMs (output, input gradient, weight gradient) that
+        run in float8: rowwise_with_gw_hp keeps the weight gradient's in high precision."""
+        return 2 / 3 if self.recipe == "rowwise_with_gw_hp" else 1.0
+
+    def gathers_float8(self, fsdp_degree: int) -> bool:
+        """Whether FSDP all-gathers the float8 linears' weights in float8 (1 byte each): the
+        trainer turns it on only where FSDP shards (``float8_linear_config``)."""
+        return self.fsdp_float8_all_gather and self.recipe == "tensorwise" and fsdp_degree > 1
+
+
+@dataclass(frozen=True)
+class _LinearShape:
+    """What ``skip_reason`` reads of an ``nn.Linear``."""
+
+    in_features: int
+    out_features: int
+
+
+def linear_features(model: Shapes) -> dict[str, tuple[int, int]]:
+    """(in_features, out_features) of each block linear and of the head."""
+    d, q, kv, f = model.dim, model.q, model.kv, model.ffn
+    return {
+        "wq": (d, q),
+        "wk": (d, kv),
+        "wv": (d, kv),
+        "wo": (q, d),
+        "w1": (d, f),
+        "w2": (f, d),
+        "w3": (d, f),
+        HEAD: (d, model.vocab),
+    }
+
+
+def converted_linears(setting: Float8Setting | None, model: Shapes) -> frozenset[str]:
+    """Short names (wq ... w3, "output") of the linears the trainer converts to float8; the
+    same for every block, since the rule reads only the name below the block and the shape."""
+    if setting is None:
+        return frozenset()
+    converted = set()
+    for name, (k, n) in linear_features(model).items():
+        fqn = HEAD if name == HEAD else f"layers.0.{BLOCK_LINEAR_FQNS[name]}"
+        if skip_reason(fqn, _LinearShape(k, n), setting) is None:
+            converted.add(name)
+    return frozenset(converted)
