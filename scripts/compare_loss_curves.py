@@ -19,7 +19,7 @@ def read_losses(dump_folder: Path) -> dict[int, float]:
     if len(files) != 1:
         raise SystemExit(f"expected one metrics/*.jsonl in {dump_folder}, found {len(files)}")
     rows = [json.loads(line) for line in files[0].read_text().splitlines() if line.strip()]
-    return {row["step"]: row["loss"] for row in rows}
+    return {row["step"]: row["loss"] for row in rows if "loss" in row}  # not validation rows
 
 
 def compare(reference: dict[int, float], run: dict[int, float]) -> tuple[float, int]:

@@ -16,9 +16,10 @@ import torch
 from torchtitan.checkpoint import check_loadable
 from torchtitan.config import ConfigError, JobConfig, parse_args
 from torchtitan.data.loader import resolve_workers
+from torchtitan.data.splits import validation_batch_size, validation_dataset
 from torchtitan.data.text import DataError, resolve_source
 from torchtitan.data.tokenizer import Tokenizer, TokenizerError
-from torchtitan.models.llama3 import ModelArgs, get_model_args
+from torchtitan.models.llama3 import ModelArgs, model_args_for_job
 from torchtitan.models.llama3.hf import inspect_hf_checkpoint
 from torchtitan.parallel.context_parallel import check_cp
 from torchtitan.parallel.dims import ParallelDims
@@ -138,22 +139,49 @@ def gradient_accumulation_steps(cfg: JobConfig, dp_degree: int) -> int:
 def check_job(cfg: JobConfig, world_size: int) -> CheckedJob:
     cfg.validate()  # parse_args did; a config built in Python has not been checked
     try:
-        model_args = get_model_args(cfg.model.flavor, max_seq_len=cfg.training.seq_len)
+        model_args = model_args_for_job(cfg)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     dims = check_parallelism(cfg, model_args, world_size)
     check_checkpoint(cfg, model_args, world_size)
     accum_steps = gradient_accumulation_steps(cfg, dp_degree=dims.dp_degree)
     resolve_source(cfg.training.dataset, text_field=cfg.training.text_field)
+    check_validation(cfg, dims)
     resolve_workers(cfg.training.data_workers)
     tokenizer = Tokenizer(cfg.model.tokenizer_path)
-    if tokenizer.vocab_size > model_args.vocab_size:
-        raise ConfigError(
-            f"tokenizer {cfg.model.tokenizer_path} has {tokenizer.vocab_size} tokens but model "
-            f"flavor {cfg.model.flavor} has vocab_size {model_args.vocab_size}; use a matching "
-            "--model.tokenizer_path or a larger flavor"
-        )
+    check_vocab_size(cfg, tokenizer, model_args)
     return CheckedJob(tokenizer, model_args, dims, accum_steps)
+
+
+def check_vocab_size(cfg: JobConfig, tokenizer: Tokenizer, model_args: ModelArgs) -> None:
+    """Every token id the tokenizer emits needs a row in the embedding and the head."""
+    if tokenizer.vocab_size <= model_args.vocab_size:
+        return
+    model = (
+        f"--model.vocab_size is {model_args.vocab_size}"
+        if cfg.model.vocab_size
+        else f"model flavor {cfg.model.flavor} has vocab_size {model_args.vocab_size}"
+    )
+    raise ConfigError(
+        f"tokenizer {cfg.model.tokenizer_path} has {tokenizer.vocab_size} tokens but {model}; "
+        f"set --model.vocab_size to at least {tokenizer.vocab_size} or use a matching "
+        "--model.tokenizer_path"
+    )
+
+
+def check_validation(cfg: JobConfig, dims: ParallelDims) -> None:
+    """The validation data exists, and under PP its batches fit the schedule's microbatches."""
+    v = cfg.validation
+    if not v.enable:
+        return
+    resolve_source(validation_dataset(cfg), text_field=cfg.training.text_field)
+    batch = validation_batch_size(cfg)
+    if dims.pp > 1 and batch != cfg.training.local_batch_size:
+        raise ConfigError(
+            f"--validation.local_batch_size {batch} must equal training.local_batch_size "
+            f"({cfg.training.local_batch_size}) with pipeline parallelism (the schedule's "
+            "microbatches are fixed); use -1"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,9 @@
-from torchtitan.models.llama3.args import MODEL_FLAVORS, ModelArgs, get_model_args
+from torchtitan.models.llama3.args import (
+    MODEL_FLAVORS,
+    ModelArgs,
+    get_model_args,
+    model_args_for_job,
+)
 from torchtitan.models.llama3.model import Transformer
 
-__all__ = ["MODEL_FLAVORS", "ModelArgs", "Transformer", "get_model_args"]
+__all__ = ["MODEL_FLAVORS", "ModelArgs", "Transformer", "get_model_args", "model_args_for_job"]
