@@ -16,7 +16,7 @@ import torch
 from torchtitan.checkpoint import check_loadable
 from torchtitan.config import ConfigError, JobConfig, parse_args
 from torchtitan.data.loader import resolve_workers
-from torchtitan.data.splits import validation_batch_size, validation_dataset
+from torchtitan.data.splits import validation_dataset
 from torchtitan.data.text import DataError, resolve_source
 from torchtitan.data.tokenizer import Tokenizer, TokenizerError
 from torchtitan.models.llama3 import ModelArgs, model_args_for_job
@@ -146,7 +146,7 @@ def check_job(cfg: JobConfig, world_size: int) -> CheckedJob:
     check_checkpoint(cfg, model_args, world_size)
     accum_steps = gradient_accumulation_steps(cfg, dp_degree=dims.dp_degree)
     resolve_source(cfg.training.dataset, text_field=cfg.training.text_field)
-    check_validation(cfg, dims)
+    check_validation(cfg)
     resolve_workers(cfg.training.data_workers)
     tokenizer = Tokenizer(cfg.model.tokenizer_path)
     check_vocab_size(cfg, tokenizer, model_args)
@@ -169,19 +169,10 @@ def check_vocab_size(cfg: JobConfig, tokenizer: Tokenizer, model_args: ModelArgs
     )
 
 
-def check_validation(cfg: JobConfig, dims: ParallelDims) -> None:
-    """The validation data exists, and under PP its batches fit the schedule's microbatches."""
-    v = cfg.validation
-    if not v.enable:
-        return
-    resolve_source(validation_dataset(cfg), text_field=cfg.training.text_field)
-    batch = validation_batch_size(cfg)
-    if dims.pp > 1 and batch != cfg.training.local_batch_size:
-        raise ConfigError(
-            f"--validation.local_batch_size {batch} must equal training.local_batch_size "
-            f"({cfg.training.local_batch_size}) with pipeline parallelism (the schedule's "
-            "microbatches are fixed); use -1"
-        )
+def check_validation(cfg: JobConfig) -> None:
+    """The validation data exists (its size is checked by the trainer, which reads it)."""
+    if cfg.validation.enable:
+        resolve_source(validation_dataset(cfg), text_field=cfg.training.text_field)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -131,10 +131,8 @@ class Trainer:
     def _build_validator(self) -> Validator:
         pieces = ForwardPieces(
             model_parts=self.model_parts,
-            schedule=self.schedule,
             stage_plan=self.stage_plan,
             summed_loss=self._summed_loss,
-            pipeline_loss_divisor=self._loss_tokens,
             cp_context=self._cp_context,
             loss_context=self._loss_context,
             autocast=self._autocast,

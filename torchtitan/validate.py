@@ -5,7 +5,8 @@ data each time (it is a loader of its own; the training loader and its checkpoin
 never touched). The model parts run forward only, in eval mode and without autograd, under the
 same contexts as a training step: context parallel shards inputs, labels and the RoPE caches on
 the sequence, loss parallel reads vocab-sharded logits, and under pipeline parallelism the
-schedule's forward-only ``eval()`` runs the stages, so that only the last stage computes losses.
+microbatches go through the stages forward only (``parallel/pipeline_eval.py``), so that only
+the last stage computes losses.
 The summed token losses are added over the pipeline ranks (only the last stage has any) and the
 data- and context-parallel ranks, then divided by the tokens of all data-parallel ranks: the mean
 over every validation token, whatever the layout.
@@ -33,6 +34,7 @@ from torchtitan.data.splits import validation_batch_size, validation_dataset
 from torchtitan.data.tokenizer import Tokenizer
 from torchtitan.parallel.dims import ParallelDims
 from torchtitan.parallel.pipeline import StagePlan
+from torchtitan.parallel.pipeline_eval import PipelineForward
 
 logger = logging.getLogger("torchtitan")
 
@@ -44,10 +46,8 @@ class ForwardPieces:
     """What the trainer lends the validator to run its model forward only."""
 
     model_parts: list[nn.Module]
-    schedule: object | None  # the pipeline schedule (pp > 1), else None
-    stage_plan: StagePlan | None
+    stage_plan: StagePlan | None  # which pipeline stages the parts are (pp > 1), else None
     summed_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (output, labels) -> sum
-    pipeline_loss_divisor: int  # the schedule's loss is the summed loss divided by this
     cp_context: Callable[[torch.Tensor, torch.Tensor], contextlib.AbstractContextManager]
     loss_context: Context
     autocast: Context
@@ -79,6 +79,7 @@ class Validator:
         )
         self.start = self.loader.state_dict()
         self._check_one_batch()
+        self.pipeline = self._pipeline_forward() if dims.pp > 1 else None
         self._warned_short = False
         v = cfg.validation
         logger.info(
@@ -123,7 +124,7 @@ class Validator:
         """This rank's summed token loss of one batch (0 on pipeline ranks without the last
         stage; a context-parallel rank's share of the sequence)."""
         p = self.pieces
-        if p.schedule is not None:
+        if self.pipeline is not None:
             return self._pipelined_summed_loss(inputs, labels)
         (model,) = p.model_parts
         with p.cp_context(inputs, labels):
@@ -134,13 +135,21 @@ class Validator:
 
     def _pipelined_summed_loss(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         p = self.pieces
-        losses: list[torch.Tensor] = []
-        kwargs = dict(target=labels, losses=losses) if p.stage_plan.has_last() else {}
-        args = (inputs,) if p.stage_plan.has_first() else ()
-        with p.cp_context(inputs, labels), p.autocast(), p.loss_context():
-            p.schedule.eval(*args, **kwargs)
-        summed = sum((_local(x).float() for x in losses), torch.zeros((), device=self.device))
-        return summed * p.pipeline_loss_divisor
+        size = self.cfg.parallelism.pipeline_parallel_microbatch_size
+        with p.cp_context(inputs, labels), p.autocast():
+            targets = labels.split(size)
+
+            def stage_loss(output: torch.Tensor, index: int) -> torch.Tensor:
+                with p.loss_context():
+                    return _local(p.summed_loss(output, targets[index])).float()
+
+            return self.pipeline.summed_loss(list(inputs.split(size)), stage_loss)
+
+    def _pipeline_forward(self) -> PipelineForward:
+        p = self.pieces
+        schedule = self.cfg.parallelism.pipeline_parallel_schedule
+        group = self.dims.mesh("pp").get_group()
+        return PipelineForward(p.model_parts, p.stage_plan, schedule, group, self.device)
 
     def _sum_over_ranks(self, total: torch.Tensor) -> torch.Tensor:
         if not dist.is_initialized():

@@ -1,9 +1,10 @@
 """Validation parity: under every layout the validation loss is the single-process one.
 
 From the seed checkpoint, 2 training steps with a validation after each (2 batches of the held-out
-sample documents): FSDP2, TP2 (loss parallel), PP2 (the schedule's forward-only ``eval()``,
-between training steps) and CP2 (with the fused chunked loss) must reproduce the single-process
-fp32 validation losses and, since validating must not disturb training, its training losses.
+sample documents): FSDP2, TP2 (loss parallel), PP2 (the forward-only stage walk of
+``parallel/pipeline_eval.py`` for a single-stage, a looped and a V-shaped schedule) and FSDP2 x
+CP2 (with the fused chunked loss) must reproduce the single-process fp32 validation losses and,
+since validating must not disturb training, its training losses.
 Every layout validates the same global windows: validation batch x data-parallel degree = 8.
 """
 
@@ -37,10 +38,32 @@ LAYOUTS = {
             "--parallelism.pipeline_parallel_microbatch_size=2",
         ],
     ),
-    "cp2_chunked_loss": (
+    # Validation batches of another size than training's: 4 batches of 4 = the reference's 2 of 8.
+    "pp2_interleaved1f1b_val_batch4": (
         2,
         [
             "--training.local_batch_size=8",
+            "--parallelism.pipeline_parallel_degree=2",
+            "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+            "--parallelism.pipeline_parallel_microbatch_size=2",
+            "--validation.local_batch_size=4",
+            "--validation.steps=4",
+        ],
+    ),
+    "pp2_zbv_fsdp2": (
+        4,
+        [
+            "--training.local_batch_size=4",
+            "--parallelism.pipeline_parallel_degree=2",
+            "--parallelism.pipeline_parallel_schedule=ZBVZeroBubble",
+            "--parallelism.pipeline_parallel_microbatch_size=1",
+        ],
+    ),
+    # Data- and context-parallel ranks both in the loss reduction; the fused chunked loss.
+    "fsdp2_cp2_chunked_loss": (
+        4,
+        [
+            "--training.local_batch_size=4",
             "--parallelism.context_parallel_degree=2",
             "--training.loss_chunk_tokens=48",
         ],

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torchtitan.config import ConfigError, parse_args
 from torchtitan.data import DataError, build_dataloader
 from torchtitan.data.splits import validation_dataset
-from torchtitan.preflight import check_job
+from torchtitan.parallel.pipeline_eval import stage_owners
 from torchtitan.train import Trainer
 
 TINY = [
@@ -143,14 +143,13 @@ def test_bad_validation_options(argv, message):
         parse_args(argv)
 
 
-def test_pipeline_needs_the_training_batch_size():
-    cfg = parse_args(
-        [
-            *TINY,
-            "--validation.enable",
-            "--validation.local_batch_size=2",
-            "--parallelism.pipeline_parallel_degree=2",
-        ]
-    )
-    with pytest.raises(ConfigError, match="must equal training.local_batch_size"):
-        check_job(cfg, world_size=2)
+@pytest.mark.parametrize(
+    "schedule, owners",
+    [
+        ("1F1B", {0: 0, 1: 1}),
+        ("Interleaved1F1B", {0: 0, 1: 1, 2: 0, 3: 1}),
+        ("ZBVZeroBubble", {0: 0, 1: 1, 2: 1, 3: 0}),
+    ],
+)
+def test_pipeline_stage_owners_follow_the_schedule(schedule, owners):
+    assert stage_owners(schedule, pp=2, num_stages=len(owners)) == owners
