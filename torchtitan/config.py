@@ -138,6 +138,35 @@ class Model(Section):
     name: ModelName = opt("llama3", "model family")
     flavor: str = opt("debugmodel", "model size: debugmodel, 1B, 3B, 8B, 70B, 405B")
     tokenizer_path: str = opt(str(ASSETS / "tokenizer.model"), "Llama 3 format tokenizer.model")
+    # Shape overrides of the flavor; 0 keeps the flavor's value.
+    vocab_size: int = opt(0, "embedding/head rows, >= the tokenizer's size; 0 = the flavor's")
+    dim: int = opt(0, "hidden size; 0 = the flavor's")
+    n_layers: int = opt(0, "transformer blocks; 0 = the flavor's")
+    n_heads: int = opt(0, "attention heads (must divide dim); 0 = the flavor's")
+    n_kv_heads: int = opt(0, "key/value heads (must divide n_heads); 0 = the flavor's")
+    ffn_dim_multiplier: float = opt(0.0, "SwiGLU hidden size multiplier; 0 = the flavor's")
+    rope_theta: float = opt(0.0, "RoPE base frequency; 0 = the flavor's")
+
+    def shape_overrides(self) -> dict[str, int | float]:
+        """The ModelArgs fields this section replaces (those not left at 0)."""
+        return {name: getattr(self, name) for name in MODEL_SHAPE_KEYS if getattr(self, name)}
+
+    def validate(self) -> None:
+        super().validate()
+        for name in MODEL_SHAPE_KEYS:
+            value = getattr(self, name)
+            _check(value >= 0, f"--model.{name} must be positive (0 = the flavor's); got {value}")
+
+
+MODEL_SHAPE_KEYS = (
+    "vocab_size",
+    "dim",
+    "n_layers",
+    "n_heads",
+    "n_kv_heads",
+    "ffn_dim_multiplier",
+    "rope_theta",
+)
 
 
 @dataclass
@@ -213,6 +242,32 @@ class Training(Section):
         _check(
             self.global_batch_size == -1 or self.global_batch_size > 0,
             f"--training.global_batch_size must be positive or -1; got {self.global_batch_size}",
+        )
+
+
+@dataclass
+class Validation(Section):
+    enable: bool = opt(False, "compute the loss on held-out data every freq steps")
+    dataset: str = opt(
+        "",
+        "validation data, forms as training.dataset; empty = the training dataset's "
+        "validation split (DATASET@validation)",
+    )
+    freq: int = opt(500, "validate every N steps and at the last step")
+    steps: int = opt(-1, "batches per validation; -1 = the whole validation set once")
+    local_batch_size: int = opt(-1, "samples per device per batch; -1 = training.local_batch_size")
+
+    def validate(self) -> None:
+        super().validate()
+        _check(self.freq > 0, f"--validation.freq must be positive; got {self.freq}")
+        _check(
+            self.steps == -1 or self.steps > 0,
+            f"--validation.steps must be positive or -1 (the whole set); got {self.steps}",
+        )
+        _check(
+            self.local_batch_size == -1 or self.local_batch_size > 0,
+            "--validation.local_batch_size must be positive or -1 (training's); got "
+            f"{self.local_batch_size}",
         )
 
 
@@ -441,6 +496,7 @@ class JobConfig:
     optimizer: Optimizer = field(default_factory=Optimizer)
     lr_scheduler: LRScheduler = field(default_factory=LRScheduler)
     training: Training = field(default_factory=Training)
+    validation: Validation = field(default_factory=Validation)
     parallelism: Parallelism = field(default_factory=Parallelism)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)

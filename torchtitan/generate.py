@@ -160,7 +160,7 @@ def prepare(options: GenerateOptions, rest: list[str]) -> GenerationJob:
     cfg = parse_args(rest)
     device = resolve_device(options.device)
     source = locate_weights(weights_path(cfg), cfg.checkpoint.initial_load_in_hf)
-    args = model_args_for(source, cfg.model.flavor, cfg.training.seq_len)
+    args = model_args_for(source, cfg)
     tokenizer = Tokenizer(cfg.model.tokenizer_path)
     if tokenizer.vocab_size > args.vocab_size:
         raise ConfigError(

@@ -121,7 +121,17 @@ def linear_cross_entropy_sum(
     if torch.is_autocast_enabled(device):  # what autocast would do to F.linear's inputs
         dtype = torch.get_autocast_dtype(device)
         h, weight = h.to(dtype), weight.to(dtype)
+    h, labels = h.reshape(-1, h.shape[-1]), labels.reshape(-1)
     with torch.autocast(device, enabled=False):
-        return _LinearCrossEntropySum.apply(
-            h.reshape(-1, h.shape[-1]), weight, labels.reshape(-1), chunk_tokens
-        )
+        if not torch.is_grad_enabled():  # validation: no gradients to precompute
+            return _chunked_loss_only(h, weight, labels, chunk_tokens)
+        return _LinearCrossEntropySum.apply(h, weight, labels, chunk_tokens)
+
+
+def _chunked_loss_only(h, weight, labels, chunk_tokens: int) -> torch.Tensor:
+    total = torch.zeros((), dtype=torch.float32, device=h.device)
+    for start in range(0, h.shape[0], chunk_tokens):
+        rows = slice(start, start + chunk_tokens)
+        logits = (h[rows] @ weight.t()).float()
+        total += F.cross_entropy(logits, labels[rows], reduction="sum")
+    return total

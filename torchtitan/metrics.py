@@ -95,15 +95,27 @@ class MetricsLogger:
         metrics = self._window_metrics(stats)
         if self.enabled:
             logger.info(self._console_line(stats.step, metrics))
-            if self._jsonl is not None:
-                self._jsonl.write(json.dumps({"step": stats.step, **metrics}) + "\n")
-                self._jsonl.flush()
-            if self._writer is not None:
-                for name, value in metrics.items():
-                    self._writer.add_scalar(name, value, stats.step)
+            self._write(stats.step, metrics)
         self._tokens, self._data_seconds, self._steps_in_window = 0, 0.0, 0
         self._window_start = time.perf_counter()
         return metrics
+
+    def record_validation(self, step: int, metrics: dict[str, float]) -> None:
+        """Print and write one validation's metrics (``val_*`` keys, ``val_seconds`` among them).
+        Its time is taken out of the throughput window: tokens/s measure training alone."""
+        self._window_start += metrics["val_seconds"]
+        if self.enabled:
+            logger.info(self._validation_line(step, metrics))
+            self._write(step, metrics)
+
+    def _write(self, step: int, metrics: dict[str, float]) -> None:
+        """One JSONL row (``step`` + metrics) and one TensorBoard scalar per metric."""
+        if self._jsonl is not None:
+            self._jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
+            self._jsonl.flush()
+        if self._writer is not None:
+            for name, value in metrics.items():
+                self._writer.add_scalar(name, value, step)
 
     def _window_metrics(self, stats: StepStats) -> dict[str, float]:
         elapsed = max(time.perf_counter() - self._window_start, 1e-9)
@@ -129,7 +141,7 @@ class MetricsLogger:
 
     def _console_line(self, step: int, m: dict[str, float]) -> str:
         parts = [
-            f"step {step:>6}",
+            self._progress(step),
             f"loss {m['loss']:8.4f}",
             f"grad_norm {m['grad_norm']:7.4f}",
             f"lr {m['lr']:.2e}",
@@ -144,6 +156,21 @@ class MetricsLogger:
         parts.append(f"data {m['data_loading_pct']:.1f}%")
         parts.append(f"eta {format_duration((self.total_steps - step) * m['step_seconds'])}")
         return "  ".join(parts)
+
+    def _progress(self, step: int) -> str:
+        """``step N/total``, N right-aligned to the width of total."""
+        return f"step {step:>{len(str(self.total_steps))}}/{self.total_steps}"
+
+    def _validation_line(self, step: int, m: dict[str, float]) -> str:
+        return "  ".join(
+            [
+                f"validation at {self._progress(step)}",
+                f"val_loss {m['val_loss']:8.4f}",
+                f"val_perplexity {m['val_perplexity']:,.2f}",
+                f"{int(m['val_batches'])} batches, {int(m['val_tokens']):,} tokens",
+                f"took {m['val_seconds']:.1f}s",
+            ]
+        )
 
     def close(self) -> None:
         if self._writer is not None:

@@ -16,9 +16,10 @@ import torch
 from torchtitan.checkpoint import check_loadable
 from torchtitan.config import ConfigError, JobConfig, parse_args
 from torchtitan.data.loader import resolve_workers
+from torchtitan.data.splits import validation_dataset
 from torchtitan.data.text import DataError, resolve_source
 from torchtitan.data.tokenizer import Tokenizer, TokenizerError
-from torchtitan.models.llama3 import ModelArgs, get_model_args
+from torchtitan.models.llama3 import ModelArgs, model_args_for_job
 from torchtitan.models.llama3.hf import inspect_hf_checkpoint
 from torchtitan.parallel.context_parallel import check_cp
 from torchtitan.parallel.dims import ParallelDims
@@ -152,7 +153,7 @@ def gradient_accumulation_steps(cfg: JobConfig, dp_degree: int) -> int:
 def check_job(cfg: JobConfig, world_size: int) -> CheckedJob:
     cfg.validate()  # parse_args did; a config built in Python has not been checked
     try:
-        model_args = get_model_args(cfg.model.flavor, max_seq_len=cfg.training.seq_len)
+        model_args = model_args_for_job(cfg)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     dims = check_parallelism(cfg, model_args, world_size)
@@ -160,15 +161,33 @@ def check_job(cfg: JobConfig, world_size: int) -> CheckedJob:
     check_checkpoint(cfg, model_args, world_size)
     accum_steps = gradient_accumulation_steps(cfg, dp_degree=dims.dp_degree)
     resolve_source(cfg.training.dataset, text_field=cfg.training.text_field)
+    check_validation(cfg)
     resolve_workers(cfg.training.data_workers)
     tokenizer = Tokenizer(cfg.model.tokenizer_path)
-    if tokenizer.vocab_size > model_args.vocab_size:
-        raise ConfigError(
-            f"tokenizer {cfg.model.tokenizer_path} has {tokenizer.vocab_size} tokens but model "
-            f"flavor {cfg.model.flavor} has vocab_size {model_args.vocab_size}; use a matching "
-            "--model.tokenizer_path or a larger flavor"
-        )
+    check_vocab_size(cfg, tokenizer, model_args)
     return CheckedJob(tokenizer, model_args, dims, accum_steps, schedule_warnings(cfg))
+
+
+def check_vocab_size(cfg: JobConfig, tokenizer: Tokenizer, model_args: ModelArgs) -> None:
+    """Every token id the tokenizer emits needs a row in the embedding and the head."""
+    if tokenizer.vocab_size <= model_args.vocab_size:
+        return
+    model = (
+        f"--model.vocab_size is {model_args.vocab_size}"
+        if cfg.model.vocab_size
+        else f"model flavor {cfg.model.flavor} has vocab_size {model_args.vocab_size}"
+    )
+    raise ConfigError(
+        f"tokenizer {cfg.model.tokenizer_path} has {tokenizer.vocab_size} tokens but {model}; "
+        f"set --model.vocab_size to at least {tokenizer.vocab_size} or use a matching "
+        "--model.tokenizer_path"
+    )
+
+
+def check_validation(cfg: JobConfig) -> None:
+    """The validation data exists (its size is checked by the trainer, which reads it)."""
+    if cfg.validation.enable:
+        resolve_source(validation_dataset(cfg), text_field=cfg.training.text_field)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,6 +31,7 @@ from torchtitan.optim import build_lr_scheduler, build_optimizer, clip_grad_norm
 from torchtitan.parallel.context_parallel import cp_context
 from torchtitan.parallel.float8 import precompute_float8_scales
 from torchtitan.preflight import CheckedJob, check_job, seed_checkpoint_path
+from torchtitan.validate import ForwardPieces, Validator
 
 logger = logging.getLogger("torchtitan")
 
@@ -93,6 +94,7 @@ class Trainer:
         if cfg.checkpoint.initial_load_in_hf and not self.checkpointer.resumed:
             load_hf_weights(self.model_parts, cfg.checkpoint.initial_load_path, self.model_args)
         self.metrics = self._build_metrics()
+        self.validator = self._build_validator() if cfg.validation.enable else None
 
     def _choose_loss(self):
         """-> (summed loss of logits, or None; the head whose weight the fused loss uses, or
@@ -117,7 +119,7 @@ class Trainer:
 
     def _build_dataloader(self):
         t = self.cfg.training
-        return build_dataloader(
+        loader = build_dataloader(
             t.dataset,
             self.tokenizer,
             seq_len=t.seq_len,
@@ -127,6 +129,24 @@ class Trainer:
             text_field=t.text_field,
             num_workers=t.data_workers,
         )
+        vocab = f"{self.tokenizer.vocab_size:,}"
+        logger.info("tokenizer: %s tokens; training data %s", vocab, loader.describe())
+        return loader
+
+    def _build_validator(self) -> Validator:
+        pieces = ForwardPieces(
+            model_parts=self.model_parts,
+            stage_plan=self.stage_plan,
+            summed_loss=self._summed_loss,
+            cp_context=self._cp_context,
+            loss_context=self._loss_context,
+            autocast=self._autocast,
+        )
+        return Validator(self.cfg, self.tokenizer, self.dims, self.device, pieces)
+
+    def _maybe_validate(self, last_step: bool) -> None:
+        if self.validator is not None and self.validator.should_run(self.step, last_step):
+            self.metrics.record_validation(self.step, self.validator.run())
 
     def _build_checkpointer(self) -> CheckpointManager:
         return CheckpointManager(
@@ -346,6 +366,7 @@ class Trainer:
                 ):
                     self.nonfinite.resolve()  # nothing is logged or saved past a bad step
                 self.metrics.record(stats)
+                self._maybe_validate(last_step)
                 self.train_state.step = self.step
                 self.train_state.tokens_seen += self._tokens_per_step * self.dims.dp_degree
                 saved = self.checkpointer.save(self.step, last_step=last_step)

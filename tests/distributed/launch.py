@@ -89,7 +89,7 @@ def read_metrics(dump_folder: Path) -> list[dict]:
 
 
 def curves(dump_folder: Path) -> tuple[list[float], list[float]]:
-    rows = read_metrics(dump_folder)
+    rows = [r for r in read_metrics(dump_folder) if "loss" in r]  # not validation rows
     return [r["loss"] for r in rows], [r["grad_norm"] for r in rows]
 
 

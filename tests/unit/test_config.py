@@ -235,3 +235,40 @@ def test_missing_config_file_names_the_path_looked_at(tmp_path, monkeypatch):
         f"config file not found: {tmp_path}/train_configs/debug_model.toml (from "
         f"'train_configs/debug_model.toml'); the bundled one is {bundled}"
     )
+
+
+def test_model_shape_overrides():
+    from torchtitan.models.llama3 import model_args_for_job
+
+    cfg = parse_args(
+        [
+            "--model.vocab_size=5000",
+            "--model.dim=128",
+            "--model.n_layers=3",
+            "--model.n_heads=8",
+            "--model.n_kv_heads=2",
+            "--model.ffn_dim_multiplier=1.5",
+            "--model.rope_theta=10000",
+            "--training.seq_len=96",
+        ]
+    )
+    args = model_args_for_job(cfg)
+    assert (args.vocab_size, args.dim, args.n_layers, args.n_heads, args.n_kv_heads) == (
+        5000,
+        128,
+        3,
+        8,
+        2,
+    )
+    assert (args.ffn_dim_multiplier, args.rope_theta, args.max_seq_len) == (1.5, 10000.0, 96)
+    flavor = model_args_for_job(parse_args([]))
+    assert (flavor.dim, flavor.vocab_size, flavor.n_layers) == (256, 4096, 6)  # 0 = the flavor's
+
+
+def test_bad_model_shape_names_the_overrides():
+    from torchtitan.models.llama3 import model_args_for_job
+
+    with pytest.raises(
+        ValueError, match=r"must be divisible.*\(flavor debugmodel with n_heads=7\)"
+    ):
+        model_args_for_job(parse_args(["--model.n_heads=7"]))

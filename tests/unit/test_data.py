@@ -3,6 +3,7 @@ import json
 import logging
 import random
 import time
+import types
 from pathlib import Path
 
 import pyarrow
@@ -19,7 +20,8 @@ from torchtitan.data import (
     build_dataloader,
     resolve_source,
 )
-from torchtitan.data.loader import resolve_workers
+from torchtitan.data.loader import describe_dataset, resolve_workers
+from torchtitan.data.splits import SAMPLE_VALIDATION_DOCUMENTS
 from torchtitan.data.text import SAMPLE_CORPUS
 
 ASSETS = Path(__file__).resolve().parents[2] / "torchtitan" / "assets"
@@ -406,3 +408,80 @@ def test_relative_paths_in_errors_are_shown_absolute(tmp_path, monkeypatch):
     assert error_message("empty.jsonl") == (
         f"dataset file is empty: {tmp_path}/empty.jsonl (from 'empty.jsonl')"
     )
+
+
+# --------------------------------------------------------------------------- splits
+
+
+def sample_texts(spec: str) -> list[str]:
+    dataset = TextDataset(spec, Tokenizer(ASSETS / "tokenizer.model"), SEQ_LEN)
+    return [text for _, text in dataset.documents.read(dataset.documents.start_cursor)]
+
+
+def test_sample_holds_out_its_last_documents_for_validation():
+    corpus = [json.loads(line)["text"] for line in SAMPLE_CORPUS.read_text().splitlines()]
+    train, validation = sample_texts("sample"), sample_texts("sample@validation")
+    assert len(validation) == SAMPLE_VALIDATION_DOCUMENTS
+    assert train == corpus[:-SAMPLE_VALIDATION_DOCUMENTS] == sample_texts("sample@train")
+    assert validation == corpus[-SAMPLE_VALIDATION_DOCUMENTS:]
+    assert not set(train) & set(validation)
+
+
+def test_training_on_sample_never_reaches_validation_documents(tokenizer):
+    """One epoch of the training stream is exactly the training documents, in order."""
+    documents = [tokenizer.encode(t, bos=True, eos=True) for t in sample_texts("sample")]
+    expected = [t for doc in documents for t in doc]
+    dataset = TextDataset("sample", tokenizer, seq_len=4095, infinite=False)
+    stream = [t for inputs, labels in dataset for t in [*inputs.tolist(), labels[-1].item()]]
+    assert len(expected) - 4096 < len(stream) <= len(expected)
+    assert stream == expected[: len(stream)]
+
+
+@pytest.mark.parametrize(
+    "spec, hub_id, config, split",
+    [
+        ("c4@validation", "allenai/c4", "en", "validation"),
+        ("hf:org/name@test", "org/name", None, "test"),
+        ("hf:org/name:cfg@validation", "org/name", "cfg", "validation"),
+    ],
+)
+def test_hub_splits(spec, hub_id, config, split):
+    source = resolve_source(spec)
+    assert (source.hub_id, source.hub_config, source.split, source.name) == (
+        hub_id,
+        config,
+        split,
+        spec,
+    )
+
+
+def test_a_local_path_keeps_its_at_sign(tmp_path):
+    path = tmp_path / "data@v2.jsonl"
+    write_jsonl(path, ["x"])
+    source = resolve_source(str(path))
+    assert source.data_files == (str(path),) and source.rows is None
+
+
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("sample@test", "the bundled sample has the splits train and validation"),
+        ("c4@", "names no split; write c4@SPLIT"),
+    ],
+)
+def test_bad_splits(spec, expected):
+    assert expected in error_message(spec)
+
+
+def test_dataset_sizes_for_the_startup_log(tokenizer, tmp_path):
+    loader = build_dataloader("sample@validation", tokenizer, SEQ_LEN, 2, 0, 1)
+    assert loader.describe().startswith(
+        f"sample@validation: {SAMPLE_VALIDATION_DOCUMENTS} documents, 0."
+    )
+    write_jsonl(tmp_path / "a.jsonl", ["abc", "de"])
+    local = build_dataloader(str(tmp_path / "a.jsonl"), tokenizer, 2, 1, 0, 1)
+    assert local.describe().endswith("2 documents, 0.0 MB of text")
+    streamed = types.SimpleNamespace(
+        source=DatasetSource("c4", hub_id="allenai/c4", streaming=True), documents=None
+    )
+    assert describe_dataset(streamed).endswith("size unknown")

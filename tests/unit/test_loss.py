@@ -64,6 +64,19 @@ def test_no_grad_skips_gradients():
     torch.testing.assert_close(out, plain(h, w, labels).detach(), rtol=1e-6, atol=0)
 
 
+def test_no_grad_computes_only_the_loss(monkeypatch):
+    """Validation: no gradients precomputed in the forward (the autograd function is not used)."""
+    from torchtitan import loss
+
+    monkeypatch.setattr(loss._LinearCrossEntropySum, "apply", None)
+    h, w, labels = inputs()
+    labels[1, :3] = IGNORE_INDEX
+    with torch.no_grad():
+        out = linear_cross_entropy_sum(h, w, labels, 5)
+        ref = plain(h, w, labels)
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=0)
+
+
 def test_bf16_close_to_fp32():
     # bf16 inputs, fp32 softmax and fp32 weight-gradient accumulation: within bf16 rounding.
     h, w, labels = inputs(tokens=64, dim=32, vocab=200)

@@ -3,6 +3,7 @@ logging window, the ETA and the JSONL record of each log step."""
 
 import json
 import logging
+import math
 import types
 
 import pytest
@@ -96,7 +97,14 @@ def test_window_metrics_and_mfu(tmp_path, monkeypatch, clock, caplog):
     assert got == pytest.approx(expected)
     line = caplog.records[-1].getMessage()
     # 98 steps left at 1 s each
-    for part in ["step      4", "tps 1,000", "tflops 6.00", "mfu 25.0%", "data 50.0%", "eta 1m38s"]:
+    for part in [
+        "step   4/102",
+        "tps 1,000",
+        "tflops 6.00",
+        "mfu 25.0%",
+        "data 50.0%",
+        "eta 1m38s",
+    ]:
         assert part in line
     m.close()
 
@@ -148,3 +156,43 @@ def test_disabled_rank_writes_nothing(tmp_path, monkeypatch):
     assert m.record(stats(1)) is not None
     m.close()
     assert not (tmp_path / "metrics").exists()
+
+
+def validation_metrics(seconds: float) -> dict[str, float]:
+    loss = 3.0
+    return {
+        "val_loss": loss,
+        "val_perplexity": math.exp(loss),
+        "val_tokens": 2048,
+        "val_batches": 4,
+        "val_seconds": seconds,
+    }
+
+
+def test_validation_time_is_not_training_time(tmp_path, monkeypatch, clock, caplog):
+    caplog.set_level(logging.INFO, logger="torchtitan")
+    m = make_logger(tmp_path, monkeypatch)
+    m.record(stats(1))
+    clock.now = 13.0  # step 2 trained for 1 s, then 2 s of validation
+    m.record_validation(2, validation_metrics(seconds=2.0))
+    m.record(stats(2))
+    m.record(stats(3))
+    clock.now = 15.0  # steps 2..4: 3 x 1000 tokens in 5 s, of which 2 s validated
+    got = m.record(stats(4))
+    assert got["tokens_per_second"] == pytest.approx(1000.0)
+    m.close()
+    rows = [json.loads(x) for x in (tmp_path / "metrics" / "r1.jsonl").read_text().splitlines()]
+    assert rows[1] == pytest.approx({"step": 2, **validation_metrics(2.0)})
+    line = next(r.getMessage() for r in caplog.records if "val_loss" in r.getMessage())
+    for part in ["validation at step   2/102", "val_loss   3.0000", "val_perplexity 20.09"]:
+        assert part in line
+    assert "4 batches, 2,048 tokens" in line and "took 2.0s" in line
+
+
+def test_validation_goes_to_tensorboard(tmp_path, monkeypatch):
+    scalars = []
+    m = make_logger(tmp_path, monkeypatch)
+    m._writer = types.SimpleNamespace(add_scalar=lambda *a: scalars.append(a), close=lambda: None)
+    m.record_validation(5, validation_metrics(seconds=1.0))
+    m.close()
+    assert ("val_loss", 3.0, 5) in scalars and ("val_perplexity", math.exp(3.0), 5) in scalars

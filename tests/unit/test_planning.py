@@ -346,3 +346,18 @@ def test_layout_round_trips_through_the_config():
     cfg = layout.apply_to(parse_args([]))
     assert Layout.from_config(cfg, 16) == layout
     assert dataclasses.replace(layout, dp_shard=4).world_size == 32
+
+
+def test_workload_uses_the_trainers_model_shape():
+    """The planner plans the model the trainer builds: the flavor with the [model] overrides."""
+    cfg = parse_args(["--model.flavor=8B", "--model.n_layers=4", "--model.vocab_size=32768"])
+    work = Workload.from_config(cfg)
+    assert (work.model.n_layers, work.model.vocab_size, work.model.dim) == (4, 32768, 4096)
+    assert work.model.num_params() < get_model_args("8B").num_params() / 4
+
+
+def test_workload_rejects_a_bad_shape_in_one_line():
+    from torchtitan.config import ConfigError
+
+    with pytest.raises(ConfigError, match="must be divisible by model.n_heads"):
+        Workload.from_config(parse_args(["--model.n_heads=7"]))

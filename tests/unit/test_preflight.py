@@ -56,6 +56,36 @@ def test_tokenizer_larger_than_model_vocab(tmp_path, capsys):
     assert "has 4256 tokens but model flavor debugmodel has vocab_size 4096" in err
 
 
+def test_model_vocab_size_override_must_hold_the_tokenizer(capsys):
+    err = run_preflight(capsys, "--model.vocab_size", "4000")
+    assert "has 4096 tokens but --model.vocab_size is 4000" in err
+    assert "set --model.vocab_size to at least 4096" in err
+
+
+def test_a_real_tokenizer_with_a_small_model_via_vocab_size(tmp_path, capsys):
+    big = write_tokenizer(tmp_path / "tokenizer.model", n_base=4000)
+    assert preflight(["--model.tokenizer_path", str(big), "--model.vocab_size", "4256"]) == 0
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--model.n_heads", "7"], "model.dim (256) must be divisible by model.n_heads (7)"),
+        (["--model.n_kv_heads", "3"], "model.n_heads (16) must be divisible by model.n_kv_heads"),
+        (["--model.dim", "-8"], "--model.dim must be positive (0 = the flavor's); got -8"),
+        (["--model.dim", "80"], "head_dim = dim / n_heads = 5 must be even"),
+    ],
+)
+def test_bad_model_shapes_are_one_line(capsys, argv, expected):
+    err = run_preflight(capsys, *argv)
+    assert expected in err
+
+
+def test_bad_validation_data_is_one_line(capsys):
+    err = run_preflight(capsys, "--validation.enable", "--validation.dataset", "/nope/val.jsonl")
+    assert "dataset path not found: /nope/val.jsonl" in err
+
+
 def test_empty_dataset_file(tmp_path, capsys):
     empty = tmp_path / "data.jsonl"
     empty.write_text("")

@@ -15,6 +15,7 @@ data-parallel layout with the same global batch size.
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -100,10 +101,32 @@ class TextLoader:
         # Started now, so that the worker reads ahead while the trainer finishes setting up.
         return self._hand_out(iter(loader))
 
+    def describe(self) -> str:
+        """What the data is and how large, for the start-up log (no full pass over it)."""
+        return describe_dataset(self.dataset)
+
     def _hand_out(self, batches: Iterator) -> Iterator[Batch]:
         for inputs, labels, position in batches:
             self._position = position
             yield inputs, labels
+
+
+def describe_dataset(dataset: TextDataset) -> str:
+    """Documents and bytes of local data (the text of a split's rows, else the files' size);
+    streamed hub data is not counted."""
+    source, documents = dataset.source, dataset.documents
+    if source.streaming:
+        return (
+            f"{source.name}: streamed from the Hugging Face hub ({source.hub_id}, split "
+            f"{source.split}), size unknown"
+        )
+    start, stop = documents.start_cursor, documents.stop
+    if source.rows is None:
+        size = sum(Path(f).stat().st_size for f in source.data_files)
+    else:
+        texts = documents.dataset[start:stop][source.text_field]
+        size = sum(len(text.encode()) for text in texts if text)
+    return f"{source.name}: {stop - start:,} documents, {size / 1e6:,.1f} MB of text"
 
 
 def build_dataloader(

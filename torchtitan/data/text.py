@@ -2,11 +2,13 @@
 
 Dataset specs (``training.dataset``):
 
-- ``sample``: the bundled ``torchtitan/assets/sample_corpus.jsonl`` (Python documentation).
+- ``sample``: the bundled ``torchtitan/assets/sample_corpus.jsonl`` (Python documentation)
+  without its held-out documents, which ``sample@validation`` reads (``splits.py``).
 - ``c4``: Hugging Face hub ``allenai/c4``, config ``en``, split ``train``, streamed.
 - ``hf:ORG/NAME`` or ``hf:ORG/NAME:CONFIG``: any hub dataset, split ``train``, streamed; e.g.
   ``hf:HuggingFaceFW/fineweb-edu:sample-10BT``. Hub ids need the ``hf:`` prefix so that a
-  mistyped local path never silently turns into a download.
+  mistyped local path never silently turns into a download. ``@SPLIT`` after ``c4`` or a hub id
+  reads another split (``c4@validation``).
 - a local file or folder: ``.jsonl``/``.json`` (JSON builder), ``.parquet``, or ``.txt`` (one
   document per blank-line separated paragraph). A folder uses all files of those extensions
   below it (sorted, hidden ones skipped), which must all need the same builder. Local data is
@@ -40,6 +42,7 @@ in the state); with ``infinite=False`` iteration stops instead, dropping the tra
 don't fill a whole round so that all ranks stop after the same number of samples.
 """
 
+import dataclasses
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -51,20 +54,17 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.utils.data import IterableDataset
 
 from torchtitan.data import json_lines
+from torchtitan.data.errors import DataError
+from torchtitan.data.splits import HUB_PREFIX, Rows, sample_rows, split_spec
 from torchtitan.data.tokenizer import Tokenizer
 from torchtitan.paths import absolute, shown
 
 logger = logging.getLogger(__name__)
 
 SAMPLE_CORPUS = Path(__file__).resolve().parents[1] / "assets" / "sample_corpus.jsonl"
-HUB_PREFIX = "hf:"
 BUILDER_BY_EXTENSION = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".txt": "text"}
 SUPPORTED_EXTENSIONS = ", ".join(BUILDER_BY_EXTENSION)
 ROWS_PER_READ = 256
-
-
-class DataError(ValueError):
-    """A dataset that cannot be used; the message is one line."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,7 @@ class DatasetSource:
     hub_config: str | None = None
     split: str = "train"
     streaming: bool = False
+    rows: Rows | None = None  # local data: only this slice of the rows (the sample's splits)
 
 
 def builder_for(path: Path) -> str:
@@ -167,13 +168,19 @@ def local_source(path: Path, name: str, text_field: str) -> DatasetSource:
     return DatasetSource(name, text_field, builder=builders[0], data_files=data_files)
 
 
-def hub_source(spec: str, text_field: str) -> DatasetSource:
+def hub_source(spec: str, text_field: str, split: str | None) -> DatasetSource:
     hub_id, _, config = spec.removeprefix(HUB_PREFIX).partition(":")
     if not hub_id or " " in hub_id or ":" in config:
-        raise DataError(
-            f"bad hub dataset spec {spec!r}; expected hf:ORG/NAME or hf:ORG/NAME:CONFIG"
-        )
-    return DatasetSource(spec, text_field, hub_id=hub_id, hub_config=config or None, streaming=True)
+        raise DataError(f"bad hub dataset spec {spec!r}; expected hf:ORG/NAME[:CONFIG][@SPLIT]")
+    name = spec if split is None else f"{spec}@{split}"
+    return DatasetSource(
+        name,
+        text_field,
+        hub_id=hub_id,
+        hub_config=config or None,
+        split=split or "train",
+        streaming=True,
+    )
 
 
 def looks_like_path(spec: str) -> bool:
@@ -190,12 +197,15 @@ def missing_path_error(spec: str) -> DataError:
 
 def resolve_source(spec: str, text_field: str = "text") -> DatasetSource:
     """Turn a dataset spec into a DatasetSource, cheaply checking what can be checked locally."""
-    if spec == "sample":
-        return local_source(SAMPLE_CORPUS, "sample", text_field)
-    if spec == "c4":
-        return DatasetSource("c4", text_field, hub_id="allenai/c4", hub_config="en", streaming=True)
-    if spec.startswith(HUB_PREFIX):
-        return hub_source(spec, text_field)
+    base, split = split_spec(spec)
+    if base == "sample":
+        source = local_source(SAMPLE_CORPUS, spec, text_field)
+        return dataclasses.replace(source, rows=sample_rows(split))  # local files: HF split "train"
+    if base == "c4":
+        c4 = hub_source(f"{HUB_PREFIX}allenai/c4:en", text_field, split)
+        return dataclasses.replace(c4, name=spec)
+    if base.startswith(HUB_PREFIX):
+        return hub_source(base, text_field, split)
     path = Path(spec).expanduser()
     if spec and path.exists():
         return local_source(path, spec, text_field)
@@ -273,12 +283,15 @@ class IndexedDocuments:
             raise DataError(f"dataset {source.name} is empty")
         self.dataset = dataset
         self.source = source
-        self.start_cursor = 0
+        rows = slice(*(source.rows or (None, None)))
+        self.start_cursor, self.stop, _ = rows.indices(len(dataset))
+        if self.stop <= self.start_cursor:
+            raise DataError(f"dataset {source.name} has no rows in {source.rows}")
 
     def read(self, cursor: int) -> Iterator[tuple[int, str | None]]:
         """Yield (cursor, text) for each document from ``cursor`` on."""
-        for block_start in range(cursor, len(self.dataset), ROWS_PER_READ):
-            block = self.dataset[block_start : block_start + ROWS_PER_READ]
+        for block_start in range(cursor, self.stop, ROWS_PER_READ):
+            block = self.dataset[block_start : min(block_start + ROWS_PER_READ, self.stop)]
             for offset, text in enumerate(block[self.source.text_field]):
                 yield block_start + offset, document_text(text, self.source)
 

@@ -16,8 +16,8 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from torchtitan.checkpoint import CheckpointError, find_checkpoint, load_safely, read_metadata
 from torchtitan.checkpoint.errors import describe_error
-from torchtitan.config import ConfigError
-from torchtitan.models.llama3 import MODEL_FLAVORS, ModelArgs, Transformer, get_model_args, hf
+from torchtitan.config import ConfigError, JobConfig
+from torchtitan.models.llama3 import MODEL_FLAVORS, ModelArgs, Transformer, hf, model_args_for_job
 
 MODEL_PREFIX = "model."
 
@@ -82,19 +82,20 @@ def check_dcp_shapes(ckpt: Path, args: ModelArgs, flavor: str) -> None:
         ) from None
 
 
-def model_args_for(source: WeightsSource, flavor: str, max_seq_len: int) -> ModelArgs:
-    """DCP: the flavor with ``max_seq_len``, checked against the stored shapes. HF: the args its
-    config.json describes (the flavor is not used), checked against the safetensors headers."""
+def model_args_for(source: WeightsSource, cfg: JobConfig) -> ModelArgs:
+    """DCP: the job's model (flavor, ``[model]`` overrides, ``training.seq_len`` as context),
+    checked against the stored shapes. HF: the args its config.json describes (the flavor is not
+    used), checked against the safetensors headers."""
     if source.in_hf:
         try:
             return hf.inspect_hf_checkpoint(source.path).args
         except ValueError as e:
             raise ConfigError(f"HF folder {source.path}: {e}") from None
     try:
-        args = get_model_args(flavor, max_seq_len=max_seq_len)
+        args = model_args_for_job(cfg)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    check_dcp_shapes(source.path, args, flavor)
+    check_dcp_shapes(source.path, args, cfg.model.flavor)
     return args
 
 

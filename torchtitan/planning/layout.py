@@ -8,8 +8,8 @@ import functools
 import math
 from dataclasses import dataclass
 
-from torchtitan.config import JobConfig
-from torchtitan.models.llama3 import ModelArgs, get_model_args
+from torchtitan.config import ConfigError, JobConfig
+from torchtitan.models.llama3 import ModelArgs, model_args_for_job
 from torchtitan.planning.float8 import Float8Setting, converted_linears
 from torchtitan.planning.shapes import Shapes, shapes
 
@@ -173,9 +173,15 @@ class Workload:
 
     @classmethod
     def from_config(cls, cfg: JobConfig, compile: bool | None = None) -> Workload:
+        """The config's workload; the model's shape as the trainer builds it (flavor + the
+        ``[model]`` overrides); a bad shape raises ConfigError."""
         t, p = cfg.training, cfg.parallelism
+        try:
+            model = model_args_for_job(cfg)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         return cls(
-            model=get_model_args(cfg.model.flavor, max_seq_len=t.seq_len),
+            model=model,
             seq_len=t.seq_len,
             global_batch_size=t.global_batch_size,
             bf16=t.mixed_precision_param == "bfloat16",
