@@ -229,7 +229,7 @@ def error_cases(root) -> list[tuple[list[str], str]]:
     return [
         (["--checkpoint.initial_load_path", str(root / "nowhere")], "checkpoint path "),
         (["--job.dump_folder", str(root / "empty_run")], "no checkpoint to generate from: "),
-        ([f"--checkpoint.initial_load_path={root}"], "no complete DCP checkpoint at "),
+        ([f"--checkpoint.initial_load_path={root}"], f"{root} is a run folder, not a checkpoint; "),
         ([ckpt, "--model.flavor", "1B"], "checkpoint "),  # see the flavor assertion below
         ([ckpt, "--training.seq_len", "8", "--prompt", "a b c d e f g"], "the prompt ("),
         ([ckpt, "--top_k", "x"], "--top_k expects int, got 'x'"),
