@@ -204,7 +204,10 @@ class TransformerBlock(nn.Module):
         kv_cache: LayerKVCache | None = None,
         start_pos: int = 0,
     ) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), rope_cache, kv_cache, start_pos)
+        # The cache arguments by keyword: a TP plan's PrepareModuleInput lays out the positional
+        # inputs only (hidden states, RoPE cache).
+        attention_in = self.attention_norm(x)
+        h = x + self.attention(attention_in, rope_cache, kv_cache=kv_cache, start_pos=start_pos)
         return h + self.feed_forward(self.ffn_norm(h))
 
     def init_weights(self) -> None:
