@@ -135,3 +135,35 @@ def _chunked_loss_only(h, weight, labels, chunk_tokens: int) -> torch.Tensor:
         logits = (h[rows] @ weight.t()).float()
         total += F.cross_entropy(logits, labels[rows], reduction="sum")
     return total
+
+
+class SummedLoss:
+    """The trainer's summed token loss of the last pipeline stage's output: the cross-entropy
+    of the logits, or, with ``chunk_tokens``, of the final hidden states through the fused,
+    chunked head (the model parts then stop before their head: ``defer_head``).
+
+    ``autocast``: the context the fused head's matmuls run in (the model's own forward runs the
+    head under the trainer's bf16 autocast on one GPU)."""
+
+    def __init__(
+        self,
+        model_parts: list[torch.nn.Module],
+        chunk_tokens: int = 0,
+        compiled: bool = False,
+        autocast=contextlib.nullcontext,
+    ):
+        self.chunk_tokens = chunk_tokens
+        self.autocast = autocast
+        self.head = None
+        if chunk_tokens:
+            for part in model_parts:
+                part.defer_head = True
+            # Only the part holding the last stage has a head (and computes the loss).
+            self.head = next((p.output for p in model_parts if p.output is not None), None)
+        self.logits_loss = torch.compile(cross_entropy_sum) if compiled else cross_entropy_sum
+
+    def __call__(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if not self.chunk_tokens:
+            return self.logits_loss(output, labels)
+        with self.autocast():
+            return linear_cross_entropy_sum(output, self.head.weight, labels, self.chunk_tokens)

@@ -10,6 +10,8 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
+from torchtitan import runtime
+from torchtitan.checkpoint import save_seed_checkpoint
 from torchtitan.config import JobConfig
 from torchtitan.models.llama3 import ModelArgs, Transformer
 from torchtitan.parallel.dims import ParallelDims
@@ -22,6 +24,7 @@ from torchtitan.parallel.pipeline import (
     microbatch_count,
     plan_stages,
 )
+from torchtitan.preflight import seed_checkpoint_path
 
 logger = logging.getLogger("torchtitan")
 
@@ -122,3 +125,12 @@ def build_seed_model(model_args: ModelArgs) -> nn.Module:
     model.to_empty(device="cpu")
     model.init_weights()
     return model
+
+
+def write_seed_checkpoint(cfg: JobConfig) -> None:
+    """The whole model's initial weights, from one process on CPU (the parity baseline)."""
+    job, _ = runtime.start_job(cfg)
+    try:
+        save_seed_checkpoint(build_seed_model(job.model_args), seed_checkpoint_path(cfg))
+    finally:
+        runtime.shutdown_process()

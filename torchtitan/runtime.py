@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -17,6 +18,7 @@ from torchtitan.config import JobConfig
 from torchtitan.observability import flight_recorder
 from torchtitan.parallel.compile import use_per_rank_compile_cache
 from torchtitan.parallel.dims import ParallelDims
+from torchtitan.preflight import CheckedJob, check_job
 
 logger = logging.getLogger("torchtitan")
 
@@ -213,3 +215,19 @@ def _restart_safe_store(timeout: timedelta) -> dict:
         "rank": int(os.environ["RANK"]),
         "world_size": int(os.environ["WORLD_SIZE"]),
     }
+
+
+def start_job(cfg: JobConfig) -> tuple[CheckedJob, str]:
+    """Validate the job, set up this process and save the effective config; -> (job, run id)."""
+    job = check_job(cfg, env_world_size())
+    run_id = new_run_id()
+    init_process(cfg, job.dims, pick_device(), env_rank())
+    text = cfg.to_toml()
+    logger.info("effective config:\n%s", text)
+    for warning in job.warnings:
+        logger.warning(warning)
+    if env_rank() == 0:
+        folder = Path(cfg.job.dump_folder) / "configs"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{run_id}.toml").write_text(text)
+    return job, run_id

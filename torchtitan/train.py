@@ -15,14 +15,14 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
 from torchtitan import exits, runtime
-from torchtitan.checkpoint import CheckpointManager, TrainState, save_seed_checkpoint
+from torchtitan.checkpoint import CheckpointManager, TrainState
 from torchtitan.checkpoint.hf_load import load_hf_weights
 from torchtitan.checkpoint.resume_changes import run_settings
 from torchtitan.config import JobConfig, parse_args
 from torchtitan.data.loader import build_dataloader
-from torchtitan.loss import cross_entropy_sum, linear_cross_entropy_sum, loss_context
+from torchtitan.loss import SummedLoss, loss_context
 from torchtitan.metrics import MetricsLogger, StepStats
-from torchtitan.model_build import build_model_parts, build_seed_model, per_step_loss
+from torchtitan.model_build import build_model_parts, per_step_loss, write_seed_checkpoint
 from torchtitan.observability import flight_recorder
 from torchtitan.observability.fault_injection import FaultInjector
 from torchtitan.observability.numerics import NonFiniteGuard
@@ -30,35 +30,9 @@ from torchtitan.observability.profiling import maybe_profile
 from torchtitan.optim import build_lr_scheduler, build_optimizer, clip_grad_norm
 from torchtitan.parallel.context_parallel import cp_context
 from torchtitan.parallel.float8 import precompute_float8_scales
-from torchtitan.preflight import CheckedJob, check_job, seed_checkpoint_path
 from torchtitan.validate import ForwardPieces, Validator
 
 logger = logging.getLogger("torchtitan")
-
-
-def start_job(cfg: JobConfig) -> tuple[CheckedJob, str]:
-    """Validate the job, set up this process and save the effective config; -> (job, run id)."""
-    job = check_job(cfg, runtime.env_world_size())
-    run_id = runtime.new_run_id()
-    runtime.init_process(cfg, job.dims, runtime.pick_device(), runtime.env_rank())
-    text = cfg.to_toml()
-    logger.info("effective config:\n%s", text)
-    for warning in job.warnings:
-        logger.warning(warning)
-    if runtime.env_rank() == 0:
-        folder = Path(cfg.job.dump_folder) / "configs"
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{run_id}.toml").write_text(text)
-    return job, run_id
-
-
-def write_seed_checkpoint(cfg: JobConfig) -> None:
-    """The whole model's initial weights, from one process on CPU (the parity baseline)."""
-    job, _ = start_job(cfg)
-    try:
-        save_seed_checkpoint(build_seed_model(job.model_args), seed_checkpoint_path(cfg))
-    finally:
-        runtime.shutdown_process()
 
 
 class Trainer:
@@ -68,7 +42,7 @@ class Trainer:
         self.cfg = cfg
         self.device, self.rank = runtime.pick_device(), runtime.env_rank()
         self.faults = FaultInjector(self.rank)
-        job, self.run_id = start_job(cfg)
+        job, self.run_id = runtime.start_job(cfg)
         self.tokenizer, self.model_args = job.tokenizer, job.model_args
         self.dims, self.accum_steps = job.dims, job.accum_steps
         self.dump_folder = Path(cfg.job.dump_folder)
@@ -76,7 +50,13 @@ class Trainer:
         self.model_parts, self.schedule, self.stage_plan = build_model_parts(
             cfg, self.model_args, self.dims, self.device, self.step_loss
         )
-        self._logits_loss, self._fused_head = self._choose_loss()
+        t = cfg.training
+        self.summed_loss = SummedLoss(
+            self.model_parts,
+            chunk_tokens=t.loss_chunk_tokens,
+            compiled=cfg.compile.enable and cfg.compile.loss,
+            autocast=self._autocast,
+        )
         self.dataloader = self._build_dataloader()
         # One optimizer (and lr schedule) per model part: a pipeline rank may hold several stages.
         self.optimizers = [
@@ -96,26 +76,8 @@ class Trainer:
         self.metrics = self._build_metrics()
         self.validator = self._build_validator() if cfg.validation.enable else None
 
-    def _choose_loss(self):
-        """-> (summed loss of logits, or None; the head whose weight the fused loss uses, or
-        None). With ``training.loss_chunk_tokens`` the parts stop before the head."""
-        if self.cfg.training.loss_chunk_tokens:
-            heads = [part.output for part in self.model_parts if part.output is not None]
-            for part in self.model_parts:
-                part.defer_head = True
-            return None, (heads[0] if heads else None)
-        if self.cfg.compile.enable and self.cfg.compile.loss:
-            return torch.compile(cross_entropy_sum), None
-        return cross_entropy_sum, None
-
     def _summed_loss(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """The summed token loss of the last stage's output: logits, or hidden states when the
-        head is fused into the loss."""
-        if self._fused_head is None:
-            return self._logits_loss(output, labels)
-        chunk = self.cfg.training.loss_chunk_tokens
-        with self._autocast():  # the head's matmuls in bf16, as in the model's own forward
-            return linear_cross_entropy_sum(output, self._fused_head.weight, labels, chunk)
+        return self.summed_loss(output, labels)  # built once the model parts exist
 
     def _build_dataloader(self):
         t = self.cfg.training
@@ -336,9 +298,32 @@ class Trainer:
         )
         first = self.step
         # Device-side loss history: read once at the end, not with a sync per step.
-        history = torch.full((max(t.steps - first, 0),), float("nan"), device=self.device)
+        history = torch.full((t.steps - first,), float("nan"), device=self.device)
         # After checkpointer.load(): the loader applies a loaded state to the next iterator.
         data_iter = iter(self.dataloader)
+        with self._loop_guards() as (profiler, preemption):
+            while self.step < t.steps:
+                self.step += 1
+                if self.step % t.gc_freq == 0:
+                    gc.collect(1)
+                self.faults.at_step_start(self.step)
+                stats = self.train_step(data_iter)
+                profiler.step()
+                history[self.step - first - 1] = stats.loss
+                saved = self._finish_step(stats, first_step=self.step == first + 1)
+                if stop_signal := preemption.requested():
+                    self.nonfinite.resolve()
+                    self._stop_for_preemption(saved, stop_signal)
+        self.nonfinite.resolve()
+        self.checkpointer.close()
+        losses = history.tolist()
+        logger.info("training done: %d steps, final loss %.4f", self.step, losses[-1])
+        return losses
+
+    @contextlib.contextmanager
+    def _loop_guards(self):
+        """Flight Recorder dumps on communication failures, the profiler, and SIGTERM/Ctrl-C
+        handling around the loop; -> (profiler, preemption guard)."""
         traces = flight_recorder.trace_folder(self.cfg.comm, self.cfg.job.dump_folder)
         record = dist.is_initialized() and self.cfg.comm.trace_buf_size > 0
         with (
@@ -351,38 +336,23 @@ class Trainer:
             maybe_profile(self.cfg.profiling, self.dump_folder, self.rank, self.step) as profiler,
             runtime.PreemptionGuard(self.cfg.comm.init_timeout_seconds) as preemption,
         ):
-            first_step = True
-            while self.step < t.steps:
-                self.step += 1
-                if self.step % t.gc_freq == 0:
-                    gc.collect(1)
-                self.faults.at_step_start(self.step)
-                stats = self.train_step(data_iter)
-                profiler.step()
-                history[self.step - first - 1] = stats.loss
-                last_step = self.step == t.steps
-                if self.metrics.should_log(self.step) or self.checkpointer.should_save(
-                    self.step, last_step
-                ):
-                    self.nonfinite.resolve()  # nothing is logged or saved past a bad step
-                self.metrics.record(stats)
-                self._maybe_validate(last_step)
-                self.train_state.step = self.step
-                self.train_state.tokens_seen += self._tokens_per_step * self.dims.dp_degree
-                saved = self.checkpointer.save(self.step, last_step=last_step)
-                if first_step and dist.is_initialized():
-                    flight_recorder.set_train_timeout(self.cfg.comm.train_timeout_seconds)
-                    first_step = False
-                stop_signal = preemption.requested()
-                if stop_signal:
-                    self.nonfinite.resolve()
-                    self._stop_for_preemption(saved, stop_signal)
-        self.nonfinite.resolve()
-        self.checkpointer.close()
-        losses = history.tolist()
-        if losses:
-            logger.info("training done: %d steps, final loss %.4f", self.step, losses[-1])
-        return losses
+            yield profiler, preemption
+
+    def _finish_step(self, stats: StepStats, first_step: bool) -> bool:
+        """Log, validate, checkpoint after a step; -> whether a checkpoint was saved."""
+        last_step = self.step == self.cfg.training.steps
+        if self.metrics.should_log(self.step) or self.checkpointer.should_save(
+            self.step, last_step
+        ):
+            self.nonfinite.resolve()  # nothing is logged or saved past a bad step
+        self.metrics.record(stats)
+        self._maybe_validate(last_step)
+        self.train_state.step = self.step
+        self.train_state.tokens_seen += self._tokens_per_step * self.dims.dp_degree
+        saved = self.checkpointer.save(self.step, last_step=last_step)
+        if first_step and dist.is_initialized():
+            flight_recorder.set_train_timeout(self.cfg.comm.train_timeout_seconds)
+        return saved
 
     def _stop_for_preemption(self, saved: bool, signum: int) -> None:
         if not saved:
