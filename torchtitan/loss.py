@@ -137,10 +137,40 @@ def _chunked_loss_only(h, weight, labels, chunk_tokens: int) -> torch.Tensor:
     return total
 
 
+class ChunkedLossHead(torch.nn.Linear):
+    """An output head whose forward can also return the fused, chunked loss of its input.
+
+    ``head(h)`` gives logits as any ``nn.Linear``; ``head(h, labels)`` gives the summed
+    cross-entropy through ``linear_cross_entropy_sum``. The loss is computed inside the head's
+    own call, so whatever wraps the head (FSDP's gather before forward and gradient reduction
+    after backward) runs as for any forward.
+    """
+
+    chunk_tokens: int = 0
+
+    def forward(self, h: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        if labels is None:
+            return super().forward(h)
+        return linear_cross_entropy_sum(h, self.weight, labels, self.chunk_tokens)
+
+
+def use_chunked_loss_head(model: torch.nn.Module, chunk_tokens: int) -> None:
+    """Give ``model`` (a Llama, on the meta device, before any parallelism) a
+    ``ChunkedLossHead`` in place of its ``output`` linear, and make its forward stop before the
+    head (``defer_head``): the loss then calls the head with the labels."""
+    linear = model.output
+    head = ChunkedLossHead(
+        linear.in_features, linear.out_features, bias=False, device=linear.weight.device
+    )
+    head.chunk_tokens = chunk_tokens
+    model.output = head
+    model.defer_head = True
+
+
 class SummedLoss:
     """The trainer's summed token loss of the last pipeline stage's output: the cross-entropy
-    of the logits, or, with ``chunk_tokens``, of the final hidden states through the fused,
-    chunked head (the model parts then stop before their head: ``defer_head``).
+    of the logits, or, with ``chunk_tokens``, of the final hidden states through the parts'
+    ``ChunkedLossHead`` (see ``use_chunked_loss_head``).
 
     ``autocast``: the context the fused head's matmuls run in (the model's own forward runs the
     head under the trainer's bf16 autocast on one GPU)."""
@@ -154,16 +184,12 @@ class SummedLoss:
     ):
         self.chunk_tokens = chunk_tokens
         self.autocast = autocast
-        self.head = None
-        if chunk_tokens:
-            for part in model_parts:
-                part.defer_head = True
-            # Only the part holding the last stage has a head (and computes the loss).
-            self.head = next((p.output for p in model_parts if p.output is not None), None)
+        # Only the part holding the last stage has a head (and computes the loss).
+        self.head = next((p.output for p in model_parts if p.output is not None), None)
         self.logits_loss = torch.compile(cross_entropy_sum) if compiled else cross_entropy_sum
 
     def __call__(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if not self.chunk_tokens:
             return self.logits_loss(output, labels)
         with self.autocast():
-            return linear_cross_entropy_sum(output, self.head.weight, labels, self.chunk_tokens)
+            return self.head(output, labels)

@@ -13,6 +13,7 @@ import torch.nn as nn
 from torchtitan import runtime
 from torchtitan.checkpoint import save_seed_checkpoint
 from torchtitan.config import JobConfig
+from torchtitan.loss import use_chunked_loss_head
 from torchtitan.models.llama3 import ModelArgs, Transformer
 from torchtitan.parallel.dims import ParallelDims
 from torchtitan.parallel.llama import parallelize_llama
@@ -45,6 +46,8 @@ def build_model_parts(
     start = time.perf_counter()
     with torch.device("meta"):
         model = Transformer(model_args)
+    if cfg.training.loss_chunk_tokens:
+        use_chunked_loss_head(model, cfg.training.loss_chunk_tokens)
     schedule, plan = None, None
     if dims.pp > 1:
         parts, schedule, plan = _build_pipeline(model, cfg, model_args, dims, device, step_loss)

@@ -253,7 +253,7 @@ class Trainer:
         loss, data_seconds = self.forward_backward(data_iter)
         params = [p for part in self.model_parts for p in part.parameters()]
         pp_group = self.dims.mesh("pp").get_group() if self.dims.pp > 1 else None
-        # The previous step's non-finite flags: its kernels have run by now, no GPU stall.
+        # Earlier steps' non-finite flags, those already on the host: no wait for the GPU.
         self.nonfinite.resolve()
         grad_norm = clip_grad_norm(params, self.cfg.training.max_norm, pp_group)
         lr = self.optimizers[0].param_groups[0]["lr"]  # what this step uses
@@ -312,9 +312,9 @@ class Trainer:
                 history[self.step - first - 1] = stats.loss
                 saved = self._finish_step(stats, first_step=self.step == first + 1)
                 if stop_signal := preemption.requested():
-                    self.nonfinite.resolve()
+                    self.nonfinite.resolve(wait=True)
                     self._stop_for_preemption(saved, stop_signal)
-        self.nonfinite.resolve()
+        self.nonfinite.resolve(wait=True)
         self.checkpointer.close()
         losses = history.tolist()
         logger.info("training done: %d steps, final loss %.4f", self.step, losses[-1])
@@ -344,7 +344,7 @@ class Trainer:
         if self.metrics.should_log(self.step) or self.checkpointer.should_save(
             self.step, last_step
         ):
-            self.nonfinite.resolve()  # nothing is logged or saved past a bad step
+            self.nonfinite.resolve(wait=True)  # nothing is logged or saved past a bad step
         self.metrics.record(stats)
         self._maybe_validate(last_step)
         self.train_state.step = self.step

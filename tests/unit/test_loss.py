@@ -98,3 +98,21 @@ def test_rejects_sharded_weight():
     h, w, labels = inputs()
     with pytest.raises(ValueError, match="sharded DTensor"):
         linear_cross_entropy_sum(h, w.detach().as_subclass(FakeDTensor), labels, 4)
+
+
+def test_chunked_loss_head_is_a_linear_that_can_return_the_loss():
+    from torchtitan.loss import ChunkedLossHead, use_chunked_loss_head
+    from torchtitan.models.llama3 import Transformer
+    from torchtitan.models.llama3.args import MODEL_FLAVORS
+
+    with torch.device("meta"):
+        model = Transformer(MODEL_FLAVORS["debugmodel"])
+    use_chunked_loss_head(model, 16)
+    assert isinstance(model.output, ChunkedLossHead) and model.defer_head
+    h, w, labels = inputs(dim=256, vocab=4096)
+    head = ChunkedLossHead(256, 4096, bias=False)
+    head.chunk_tokens = 16
+    with torch.no_grad():
+        head.weight.copy_(w)
+    torch.testing.assert_close(head(h), F.linear(h, w))
+    torch.testing.assert_close(head(h, labels), plain(h, w, labels), rtol=1e-6, atol=0)

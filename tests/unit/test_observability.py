@@ -479,3 +479,15 @@ def test_guard_reads_at_once_with_unfused_optimizers():
     assert not guard.deferred
     assert not guard.before_optimizer_step(2, torch.tensor(float("nan")), torch.tensor(1.0))
     assert guard.before_optimizer_step(3, torch.tensor(1.0), torch.tensor(1.0))
+
+
+def test_guard_waits_only_when_asked(monkeypatch):
+    from torchtitan.observability import numerics
+
+    _, optimizer = _fused_model_and_optimizer()
+    guard = NonFiniteGuard("stop", [optimizer], logging.getLogger("test"))
+    guard.before_optimizer_step(6, torch.tensor(1.0), torch.tensor(float("nan")))
+    monkeypatch.setattr(numerics._Pending, "ready", lambda self: False)  # still on its way
+    guard.resolve()  # does not wait for it
+    with pytest.raises(NonFiniteError, match="at step 6"):
+        guard.resolve(wait=True)

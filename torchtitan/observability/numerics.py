@@ -61,16 +61,44 @@ def _is_fused(optimizer: torch.optim.Optimizer) -> bool:
     return all(group.get("fused") for group in optimizer.param_groups)
 
 
+class _Pending:
+    """One step's loss and grad norm on their way to the host: on CUDA a non-blocking copy into
+    pinned memory and an event that says when it landed, so they can be read without waiting
+    for the GPU."""
+
+    def __init__(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor):
+        self.step = step
+        values = torch.stack([loss.detach().float().reshape(()), grad_norm.detach().float()])
+        self.event = None
+        if values.is_cuda:
+            self.values = torch.empty(2, dtype=torch.float32, pin_memory=True)
+            self.values.copy_(values, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.values = values
+
+    def ready(self) -> bool:
+        return self.event is None or self.event.query()
+
+    def read(self) -> tuple[float, float]:
+        if self.event is not None:
+            self.event.synchronize()
+        loss, grad_norm = self.values.tolist()
+        return loss, grad_norm
+
+
 class NonFiniteGuard:
     """Applies ``training.on_nonfinite`` to every step without a host-device sync per step.
 
     With fused optimizers the step's finiteness (of the global mean loss and the global
     gradient norm, so every rank decides alike) goes to them as ``found_inf``, as a GradScaler
     would pass it: the fused kernels then leave the weights, moments and step count alone. The
-    flag is read later, by ``resolve()``: the trainer calls it once the next step's forward
-    and backward are queued, and before logging or checkpointing, so the GPU never waits for
-    the host. Then ``stop`` raises ``NonFiniteError`` naming the step, ``skip`` logs it.
-    With other optimizers (CPU foreach, for-loop) the values are read at once, as before.
+    values travel to pinned host memory asynchronously; ``resolve()`` acts on those that have
+    arrived (the trainer calls it every step: no wait) and, with ``wait=True``, on all of them
+    (the trainer does that before logging, checkpointing and stopping, which read the GPU
+    anyway). Then ``stop`` raises ``NonFiniteError`` naming the step, ``skip`` logs it. With
+    other optimizers (CPU foreach, for-loop) the values are read at once, as before.
     """
 
     def __init__(self, policy: str, optimizers: list[torch.optim.Optimizer], logger):
@@ -78,7 +106,7 @@ class NonFiniteGuard:
         self.optimizers = optimizers
         self.logger = logger
         self.deferred = bool(optimizers) and all(_is_fused(o) for o in optimizers)
-        self._pending: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        self._pending: list[_Pending] = []
 
     def before_optimizer_step(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor):
         """-> whether the optimizers should step (always, when deferred: found_inf decides)."""
@@ -88,14 +116,15 @@ class NonFiniteGuard:
         found_inf = (~finite).float()
         for optimizer in self.optimizers:
             optimizer.found_inf = found_inf
-        self._pending.append((step, loss.detach(), grad_norm.detach()))
+        self._pending.append(_Pending(step, loss, grad_norm))
         return True
 
-    def resolve(self) -> None:
-        """Read the flags of the steps not checked yet; raise or log as the policy says."""
-        pending, self._pending = self._pending, []
-        for step, loss, grad_norm in pending:
-            self._check(step, loss, grad_norm)
+    def resolve(self, wait: bool = False) -> None:
+        """Check the steps whose values reached the host (all of them with ``wait``), in
+        order; raise or log as the policy says."""
+        while self._pending and (wait or self._pending[0].ready()):
+            pending = self._pending.pop(0)
+            self._check(pending.step, *pending.read())
 
     def _check(self, step: int, loss, grad_norm) -> str:
         result = check_finite(loss, grad_norm, step, self.policy)

@@ -106,6 +106,8 @@ def skip_reason(fqn: str, linear: nn.Linear, cfg: Float8) -> str | None:
     """Why ``linear`` stays in high precision, or None to convert it."""
     if any(name in fqn for name in cfg.filter_fqns):
         return "filter_fqns"
+    if type(linear) is not nn.Linear:  # e.g. the fused loss's head: its forward is its own
+        return f"a {type(linear).__name__}, not a plain nn.Linear"
     k, n = linear.in_features, linear.out_features
     if k % 16 or n % 16:
         return f"{k}->{n}: dims not divisible by 16"
