@@ -15,9 +15,10 @@ import torch
 
 from torchtitan.checkpoint import check_loadable
 from torchtitan.config import ConfigError, JobConfig, parse_args
+from torchtitan.data.errors import DataError
 from torchtitan.data.loader import resolve_workers
+from torchtitan.data.sources import resolve_source
 from torchtitan.data.splits import validation_dataset
-from torchtitan.data.text import DataError, resolve_source
 from torchtitan.data.tokenizer import Tokenizer, TokenizerError
 from torchtitan.models.llama3 import ModelArgs, model_args_for_job
 from torchtitan.models.llama3.hf import inspect_hf_checkpoint

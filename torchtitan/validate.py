@@ -1,10 +1,12 @@
 """Validation: the mean token loss (and perplexity) of held-out data, under any parallel layout.
 
-Every validation reads the same batches: the validation loader is rewound to the start of its
-data each time (it is a loader of its own; the training loader and its checkpointed position are
-never touched). The model parts run forward only, in eval mode and without autograd, under the
-same contexts as a training step: context parallel shards inputs, labels and the RoPE caches on
-the sequence, loss parallel reads vocab-sharded logits, and under pipeline parallelism the
+Every validation reads the same batches, so they are read and tokenized once: the first batch at
+start-up (a check that the data holds one), the rest during the first validation, by a loader of
+the validator's own without a worker process (the training loader and its checkpointed position
+are never touched). ``HeldOutBatches`` keeps them on the host; later validations read no data.
+The model parts run forward only, in eval mode and without autograd, under the
+same contexts as a training step: context parallel shards inputs, labels and the RoPE caches on the
+sequence, loss parallel reads vocab-sharded logits, and under pipeline parallelism the
 microbatches go through the stages forward only (``parallel/pipeline_eval.py``), so that only
 the last stage computes losses.
 The summed token losses are added over the pipeline ranks (only the last stage has any) and the
@@ -15,26 +17,25 @@ over every validation token, whatever the layout.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.tensor import DTensor
 
 from torchtitan.config import JobConfig
 from torchtitan.data.errors import DataError
-from torchtitan.data.loader import build_dataloader
+from torchtitan.data.loader import Batch, TextLoader, build_dataloader
 from torchtitan.data.splits import validation_batch_size, validation_dataset
 from torchtitan.data.tokenizer import Tokenizer
 from torchtitan.parallel.dims import ParallelDims
 from torchtitan.parallel.pipeline import StagePlan
 from torchtitan.parallel.pipeline_eval import PipelineForward
+from torchtitan.parallel.tensor_parallel import plain_loss
 
 logger = logging.getLogger("torchtitan")
 
@@ -75,9 +76,11 @@ class Validator:
             dp_world_size=dims.dp_degree,
             infinite=False,  # -1 steps = one pass; more steps than batches stop at the end
             text_field=cfg.training.text_field,
-            num_workers=cfg.training.data_workers,
+            num_workers=0,  # it reads the data once: a worker process would only cost its start
+            pin_memory=False,
         )
-        self.start = self.loader.state_dict()
+        self.limit = None if cfg.validation.steps == -1 else cfg.validation.steps
+        self.batches = HeldOutBatches(self.loader, self.limit)
         self._check_one_batch()
         self.pipeline = self._pipeline_forward() if dims.pp > 1 else None
         self._warned_short = False
@@ -99,17 +102,15 @@ class Validator:
         """Validate the current weights; -> ``val_loss``, ``val_perplexity``, ``val_tokens``,
         ``val_batches`` and ``val_seconds``, the same on every rank."""
         start = time.perf_counter()
-        self.loader.load_state_dict(self.start)
-        limit = None if self.cfg.validation.steps == -1 else self.cfg.validation.steps
         total = torch.zeros((), dtype=torch.float32, device=self.device)
         batches = 0
         with _eval_mode(self.pieces.model_parts):
-            for inputs, labels in itertools.islice(self.loader, limit):
+            for inputs, labels in self.batches:
                 inputs = inputs.to(self.device, non_blocking=True)
                 labels = labels.to(self.device, non_blocking=True)
                 total += self._summed_loss(inputs, labels)
                 batches += 1
-        self._warn_if_short(batches, limit)
+        self._warn_if_short(batches)
         tokens = batches * self.local_batch_size * self.cfg.training.seq_len * self.dims.dp_degree
         loss = self._sum_over_ranks(total).item() / tokens
         return {
@@ -131,7 +132,7 @@ class Validator:
             with p.autocast():
                 output = model(inputs)
             with p.loss_context():
-                return _local(p.summed_loss(output, labels)).float()
+                return plain_loss(p.summed_loss(output, labels)).float()
 
     def _pipelined_summed_loss(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         p = self.pieces
@@ -141,7 +142,7 @@ class Validator:
 
             def stage_loss(output: torch.Tensor, index: int) -> torch.Tensor:
                 with p.loss_context():
-                    return _local(p.summed_loss(output, targets[index])).float()
+                    return plain_loss(p.summed_loss(output, targets[index])).float()
 
             return self.pipeline.summed_loss(list(inputs.split(size)), stage_loss)
 
@@ -162,11 +163,9 @@ class Validator:
 
     def _check_one_batch(self) -> None:
         """Fail at start-up, not at the first validation, when the data holds no whole batch
-        (reads only as far as one batch of every data-parallel rank)."""
-        dataset = self.loader.dataset
-        got = sum(1 for _ in itertools.islice(dataset.positioned_samples(), self.local_batch_size))
-        dataset.load_state_dict(self.start)
-        if got < self.local_batch_size:
+        (reads only as far as one batch of every data-parallel rank, and keeps it)."""
+        if not self.batches.read_first():
+            dataset = self.loader.dataset
             raise DataError(
                 f"validation dataset {dataset.source.name} holds less than one batch: "
                 f"{self.dims.dp_degree} data-parallel ranks x {self.local_batch_size} samples of "
@@ -174,8 +173,8 @@ class Validator:
                 "--validation.local_batch_size"
             )
 
-    def _warn_if_short(self, batches: int, limit: int | None) -> None:
-        name = self.loader.dataset.source.name
+    def _warn_if_short(self, batches: int) -> None:
+        name, limit = self.loader.dataset.source.name, self.limit
         if limit is not None and batches < limit and not self._warned_short:
             self._warned_short = True
             logger.warning(
@@ -185,6 +184,56 @@ class Validator:
                 batches,
                 limit,
             )
+
+
+class HeldOutBatches:
+    """The validation batches: read from the loader on the first pass, then kept on the host.
+
+    A batch is kept as its token windows [B, T + 1] in int32 (the labels are the inputs shifted
+    by one, ``data/text.py``): a quarter of the memory of the loader's two int64 tensors.
+    """
+
+    def __init__(self, loader: TextLoader, limit: int | None):
+        self.limit = limit  # batches to keep; None = all of them
+        self.windows: list[torch.Tensor] = []
+        self._unread: Iterator[Batch] | None = iter(loader)  # None once all are kept
+
+    def read_first(self) -> bool:
+        """Read the first batch; -> whether the data holds one."""
+        return next(iter(self), None) is not None
+
+    def __iter__(self) -> Iterator[Batch]:
+        for windows in self.windows:
+            yield _unpack(windows)
+        while self._unread is not None:
+            batch = next(self._unread, None)
+            if batch is None:
+                self._all_kept()
+                break
+            self.windows.append(_pack(*batch))
+            if len(self.windows) == self.limit:
+                self._all_kept()
+            yield _unpack(self.windows[-1])
+
+    def _all_kept(self) -> None:
+        self._unread = None
+        size = sum(w.nbytes for w in self.windows)
+        logger.info(
+            "validation: %d batches kept in host memory for the next validations (%.1f MB)",
+            len(self.windows),
+            size / 1e6,
+        )
+
+
+def _pack(inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    if not torch.equal(inputs[:, 1:], labels[:, :-1]):
+        raise ValueError("validation labels are not the inputs shifted by one; keep both tensors")
+    return torch.cat([inputs, labels[:, -1:]], dim=1).to(torch.int32)
+
+
+def _unpack(windows: torch.Tensor) -> Batch:
+    tokens = windows.long()
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
 @contextlib.contextmanager
@@ -197,8 +246,3 @@ def _eval_mode(parts: list[nn.Module]):
     finally:
         for part in parts:
             part.train()
-
-
-def _local(loss: torch.Tensor) -> torch.Tensor:
-    """Loss parallel returns a DTensor replicated over TP; its value is the same everywhere."""
-    return loss.full_tensor() if isinstance(loss, DTensor) else loss

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # A tiny, fast job: the debug model, 64-token samples, global batch 8, every step logged.
@@ -22,6 +24,19 @@ TINY_JOB = [
     "--metrics.log_freq=1",
     "--metrics.enable_tensorboard=false",
 ]
+
+
+def from_seed(seed_checkpoint: str, dump_folder: Path) -> list[str]:
+    """Trainer arguments: start from the seed checkpoint's weights, write to ``dump_folder``."""
+    return [f"--checkpoint.initial_load_path={seed_checkpoint}", f"--job.dump_folder={dump_folder}"]
+
+
+def assert_curves_match(got, reference, points: int, rtol: float) -> None:
+    """Each curve in ``got`` has ``points`` values, within ``rtol`` of the reference curve at the
+    same index (e.g. (loss, grad_norm) against the single-process run)."""
+    for curve, expected in zip(got, reference, strict=True):
+        assert len(curve) == len(expected) == points, (curve, expected)
+        assert curve == pytest.approx(expected, rel=rtol), (curve, expected)
 
 
 def torchrun_cmd(nproc: int) -> list[str]:

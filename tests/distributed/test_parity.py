@@ -10,7 +10,7 @@ more.
 
 import pytest
 
-from tests.distributed.launch import TINY_JOB, curves, torchrun
+from tests.distributed.launch import TINY_JOB, assert_curves_match, curves, from_seed, torchrun
 
 RTOL = 1e-5
 
@@ -100,17 +100,5 @@ def test_layout_matches_single_process(layout, seed_checkpoint, reference_curves
 
 def assert_layout_matches(nproc, overrides, seed_checkpoint, reference_curves, tmp_path):
     """Train TINY_JOB from the seed under ``overrides``; loss and grad norm match the reference."""
-    torchrun(
-        nproc,
-        [
-            *TINY_JOB,
-            *overrides,
-            f"--checkpoint.initial_load_path={seed_checkpoint}",
-            f"--job.dump_folder={tmp_path}",
-        ],
-    )
-    loss, grad_norm = curves(tmp_path)
-    ref_loss, ref_grad_norm = reference_curves
-    assert len(loss) == len(ref_loss) == 6
-    assert loss == pytest.approx(ref_loss, rel=RTOL), (loss, ref_loss)
-    assert grad_norm == pytest.approx(ref_grad_norm, rel=RTOL), (grad_norm, ref_grad_norm)
+    torchrun(nproc, [*TINY_JOB, *overrides, *from_seed(seed_checkpoint, tmp_path)])
+    assert_curves_match(curves(tmp_path), reference_curves, points=6, rtol=RTOL)

@@ -12,7 +12,14 @@ import sys
 
 import pytest
 
-from tests.distributed.launch import TINY_JOB, read_metrics, run_checked, torchrun
+from tests.distributed.launch import (
+    TINY_JOB,
+    assert_curves_match,
+    from_seed,
+    read_metrics,
+    run_checked,
+    torchrun,
+)
 
 RTOL = 1e-5
 VALIDATED_JOB = [
@@ -82,30 +89,14 @@ def validated_curves(dump_folder) -> tuple[list[float], list[float]]:
 @pytest.fixture(scope="module")
 def reference(seed_checkpoint, tmp_path_factory):
     folder = tmp_path_factory.mktemp("validation_reference")
-    args = [
-        *VALIDATED_JOB,
-        "--training.local_batch_size=8",
-        f"--checkpoint.initial_load_path={seed_checkpoint}",
-        f"--job.dump_folder={folder}",
-    ]
+    args = [*VALIDATED_JOB, "--training.local_batch_size=8", *from_seed(seed_checkpoint, folder)]
     run_checked([sys.executable, "-m", "torchtitan.train", *args], timeout=300)
     return validated_curves(folder)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_validation_loss_matches_single_process(layout, seed_checkpoint, reference, tmp_path):
+    """Validation losses and training losses both match the single-process run's."""
     nproc, overrides = LAYOUTS[layout]
-    torchrun(
-        nproc,
-        [
-            *VALIDATED_JOB,
-            *overrides,
-            f"--checkpoint.initial_load_path={seed_checkpoint}",
-            f"--job.dump_folder={tmp_path}",
-        ],
-    )
-    val_loss, train_loss = validated_curves(tmp_path)
-    ref_val_loss, ref_train_loss = reference
-    assert len(val_loss) == len(ref_val_loss) == 2
-    assert val_loss == pytest.approx(ref_val_loss, rel=RTOL), (val_loss, ref_val_loss)
-    assert train_loss == pytest.approx(ref_train_loss, rel=RTOL), (train_loss, ref_train_loss)
+    torchrun(nproc, [*VALIDATED_JOB, *overrides, *from_seed(seed_checkpoint, tmp_path)])
+    assert_curves_match(validated_curves(tmp_path), reference, points=2, rtol=RTOL)

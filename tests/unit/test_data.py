@@ -21,8 +21,8 @@ from torchtitan.data import (
     resolve_source,
 )
 from torchtitan.data.loader import describe_dataset, resolve_workers
+from torchtitan.data.sources import SAMPLE_CORPUS
 from torchtitan.data.splits import SAMPLE_VALIDATION_DOCUMENTS
-from torchtitan.data.text import SAMPLE_CORPUS
 
 ASSETS = Path(__file__).resolve().parents[2] / "torchtitan" / "assets"
 SEQ_LEN = 16

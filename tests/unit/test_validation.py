@@ -2,6 +2,7 @@
 time, no effect on training or on the training loader, its schedule, its metrics and its checks."""
 
 import json
+import logging
 import math
 
 import pytest
@@ -54,6 +55,31 @@ def test_loss_is_the_mean_over_the_batches_and_repeats(tmp_path):
     assert (first["val_batches"], first["val_tokens"]) == (3, 3 * 4 * 64)
     assert trainer.dataloader.state_dict() == before
     assert trainer.model.training and all(p.grad is None for p in trainer.model.parameters())
+    trainer.close()
+
+
+def test_the_data_is_read_once_and_kept(tmp_path, monkeypatch, caplog):
+    """The start-up check and the first validation read the validation data in one pass; later
+    validations read none of it and give the identical loss."""
+    trainer = make_trainer(tmp_path, *VALIDATE)
+    dataset = trainer.validator.loader.dataset
+
+    def read_again(*args):
+        raise AssertionError("the validation data was read again")
+
+    # A new pass over the data would start here: the first validation continues the pass that
+    # the start-up check began.
+    monkeypatch.setattr(dataset, "positioned_samples", read_again)
+    monkeypatch.setattr(dataset.documents, "read", read_again)
+    with caplog.at_level(logging.INFO, logger="torchtitan"):
+        first, second = trainer.validator.run(), trainer.validator.run()
+    assert second["val_loss"] == first["val_loss"]
+    assert first["val_batches"] == second["val_batches"] == 3
+    (kept,) = [r.getMessage() for r in caplog.records if "kept in host memory" in r.getMessage()]
+    assert "3 batches" in kept
+    windows = trainer.validator.batches.windows
+    assert sum(w.nbytes for w in windows) == 3 * 4 * 65 * 4  # batches x samples x tokens x int32
+    assert trainer.validator.loader.num_workers == 0
     trainer.close()
 
 

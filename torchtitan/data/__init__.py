@@ -1,5 +1,7 @@
+from torchtitan.data.errors import DataError
 from torchtitan.data.loader import TextLoader, build_dataloader
-from torchtitan.data.text import DataError, DatasetSource, TextDataset, resolve_source
+from torchtitan.data.sources import DatasetSource, resolve_source
+from torchtitan.data.text import TextDataset
 from torchtitan.data.tokenizer import Tokenizer, TokenizerError
 
 __all__ = [

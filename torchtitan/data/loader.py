@@ -21,7 +21,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from torchtitan.data.text import DataError, TextDataset, resolve_source
+from torchtitan.data.errors import DataError
+from torchtitan.data.sources import resolve_source
+from torchtitan.data.text import TextDataset
 from torchtitan.data.tokenizer import Tokenizer
 from torchtitan.data.worker import worker_init_for
 

@@ -22,8 +22,40 @@ from torchtitan.config import ConfigError, Parallelism
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 
+class DerivedDegrees:
+    """Sizes that follow from the five degrees; shared by ``ParallelDims`` and the planner's
+    ``Layout`` (``planning/layout.py``), which both have them as attributes."""
+
+    pp: int
+    dp_replicate: int
+    dp_shard: int
+    cp: int
+    tp: int
+
+    @property
+    def dp_degree(self) -> int:
+        """Data-parallel ranks: each loads its own share of the data."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def fsdp_degree(self) -> int:
+        """Ranks one parameter is sharded over (CP ranks join the FSDP mesh)."""
+        return self.dp_shard * self.cp
+
+    @property
+    def model_parallel_size(self) -> int:
+        """Devices that share one data-parallel replica's work (pp x cp x tp)."""
+        return self.pp * self.cp * self.tp
+
+    @property
+    def data_parallel(self) -> bool:
+        """Any kind of gradient averaging across replicas (FSDP, HSDP or DDP): FSDP2 wraps the
+        model whenever a replica or shard group has more than one rank."""
+        return self.dp_replicate * self.fsdp_degree > 1
+
+
 @dataclass
-class ParallelDims:
+class ParallelDims(DerivedDegrees):
     pp: int
     dp_replicate: int
     dp_shard: int
@@ -71,26 +103,6 @@ class ParallelDims:
             tp=p.tensor_parallel_degree,
             world_size=world_size,
         )
-
-    # ------------------------------------------------------------------ which features are on
-
-    @property
-    def dp_degree(self) -> int:
-        return self.dp_replicate * self.dp_shard
-
-    @property
-    def fsdp_degree(self) -> int:
-        return self.dp_shard * self.cp
-
-    @property
-    def model_parallel_size(self) -> int:
-        """Devices that share one data-parallel replica's work (pp x cp x tp)."""
-        return self.pp * self.cp * self.tp
-
-    @property
-    def data_parallel(self) -> bool:
-        """Any kind of gradient averaging across replicas (FSDP, HSDP or DDP)."""
-        return self.dp_replicate * self.fsdp_degree > 1
 
     # ------------------------------------------------------------------ meshes
 

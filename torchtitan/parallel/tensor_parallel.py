@@ -6,8 +6,10 @@ block; Llama's are in ``llama.py``, a custom model's in examples/parallelize_cus
 
 from __future__ import annotations
 
+import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
 from torchtitan.parallel.blocks import block_items
@@ -50,3 +52,9 @@ def enable_async_tp() -> None:
 
     # torch >= 2.11 allocates the symmetric memory it needs on demand.
     inductor_config._micro_pipeline_tp = True
+
+
+def plain_loss(loss: torch.Tensor) -> torch.Tensor:
+    """Loss parallel returns the loss as a DTensor replicated over TP (the same value on every TP
+    rank); -> that value as a plain tensor, which any other loss already is."""
+    return loss.full_tensor() if isinstance(loss, DTensor) else loss

@@ -10,12 +10,13 @@ from dataclasses import dataclass
 
 from torchtitan.config import ConfigError, JobConfig
 from torchtitan.models.llama3 import ModelArgs, model_args_for_job
+from torchtitan.parallel.dims import DerivedDegrees
 from torchtitan.planning.float8 import Float8Setting, converted_linears
 from torchtitan.planning.shapes import Shapes, shapes
 
 
 @dataclass(frozen=True)
-class Layout:
+class Layout(DerivedDegrees):
     """Parallel degrees, pipeline schedule, activation checkpointing and local batch of one job."""
 
     dp_replicate: int = 1
@@ -35,21 +36,7 @@ class Layout:
 
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
-
-    @property
-    def dp_degree(self) -> int:
-        return self.dp_replicate * self.dp_shard
-
-    @property
-    def fsdp_degree(self) -> int:
-        """Ranks one parameter is sharded over (CP ranks join the FSDP mesh)."""
-        return self.dp_shard * self.cp
-
-    @property
-    def data_parallel(self) -> bool:
-        """Whether FSDP2 wraps the model (it does for any replica or shard group > 1)."""
-        return self.dp_replicate * self.fsdp_degree > 1
+        return self.dp_degree * self.model_parallel_size
 
     @property
     def microbatch_size(self) -> int:

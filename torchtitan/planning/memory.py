@@ -25,11 +25,10 @@ from torchtitan.planning.activations import (
     recompute_bytes_per_token,
 )
 from torchtitan.planning.float8 import HEAD
+from torchtitan.planning.hardware import GIB
 from torchtitan.planning.layout import Layout, Workload
 from torchtitan.planning.schedules import RankStages, inflight_chunks, rank_stages
 from torchtitan.planning.shapes import Shapes, shapes
-
-GIB = 2**30
 
 
 @dataclass(frozen=True)
