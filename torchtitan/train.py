@@ -12,7 +12,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.tensor import DTensor
 
 from torchtitan import exits, runtime
 from torchtitan.checkpoint import CheckpointManager, TrainState
@@ -30,6 +29,7 @@ from torchtitan.observability.profiling import maybe_profile
 from torchtitan.optim import build_lr_scheduler, build_optimizer, clip_grad_norm
 from torchtitan.parallel.context_parallel import cp_context
 from torchtitan.parallel.float8 import precompute_float8_scales
+from torchtitan.parallel.tensor_parallel import plain_loss
 from torchtitan.validate import ForwardPieces, Validator
 
 logger = logging.getLogger("torchtitan")
@@ -207,7 +207,7 @@ class Trainer:
                     micro_loss = self.step_loss(logits, labels)
                     micro_loss = self.faults.poison_loss(self.step, micro_loss)
                     micro_loss.backward()
-            loss += _local(micro_loss.detach())
+            loss += plain_loss(micro_loss.detach())
         return self._global_mean(loss), data_seconds
 
     def _pipelined_forward_backward(self, data_iter) -> tuple[torch.Tensor, float]:
@@ -223,7 +223,9 @@ class Trainer:
             args = (inputs,) if self.stage_plan.has_first() else ()
             with self._cp_context(inputs, labels), self._autocast(), self._loss_context():
                 self.schedule.step(*args, **kwargs)
-            loss += sum((_local(x.detach()) for x in losses), torch.zeros((), device=self.device))
+            loss += sum(
+                (plain_loss(x.detach()) for x in losses), torch.zeros((), device=self.device)
+            )
         dist.all_reduce(loss, group=self.dims.mesh("pp").get_group())
         return self._global_mean(loss), data_seconds
 
@@ -366,11 +368,6 @@ class Trainer:
     def close(self) -> None:
         self.metrics.close()
         runtime.shutdown_process()
-
-
-def _local(loss: torch.Tensor) -> torch.Tensor:
-    """Loss parallel returns the loss as a DTensor replicated over TP; the value is the same."""
-    return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
 
 def main(argv: list[str] | None = None) -> int:
