@@ -22,6 +22,7 @@ from torchtitan.checkpoint import (  # noqa: E402
     read_state_names,
     save_seed_checkpoint,
 )
+from torchtitan.checkpoint.resume_changes import optimizer_changes  # noqa: E402
 from torchtitan.config import (  # noqa: E402
     ASSETS,
     Checkpoint,
@@ -50,11 +51,14 @@ def tokenizer() -> Tokenizer:
 class Job:
     """A tiny training run: model, AdamW, LambdaLR, (optionally) the real data loader."""
 
-    def __init__(self, seed: int, tokenizer: Tokenizer | None = None):
+    def __init__(
+        self, seed: int, tokenizer: Tokenizer | None = None, optimizer: Optimizer | None = None
+    ):
         torch.manual_seed(seed)
         self.model = Transformer(ARGS)
         self.model.init_weights()
-        self.optimizer = build_optimizer(self.model.parameters(), Optimizer(lr=1e-2), "cpu")
+        optimizer = optimizer or Optimizer(lr=1e-2)
+        self.optimizer = build_optimizer(self.model.parameters(), optimizer, "cpu")
         self.scheduler = build_lr_scheduler(self.optimizer, 100, LRScheduler(warmup_steps=3))
         self.loader = None
         if tokenizer is not None:
@@ -154,6 +158,45 @@ def test_resume_restores_model_optimizer_lr_data_and_train_state(tmp_path, token
     assert b.train(2) == expected_losses  # bit-identical continuation
     for x, expected in zip(b.inputs, a.inputs[3:], strict=True):
         assert torch.equal(x, expected)
+
+
+def since_the_checkpoint(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "since the checkpoint" in r.getMessage()]
+
+
+def test_resume_keeps_this_runs_optimizer_settings_and_the_checkpoints_moments(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="torchtitan")
+    a = Job(0)
+    manager = a.manager(tmp_path, interval=2)
+    a.train_and_save(manager, 2)
+    moments = optimizer_tensors(a)
+    assert Job(1).manager(tmp_path).load() == 2
+    assert since_the_checkpoint(caplog) == []  # the same settings: nothing to report
+
+    b = Job(1, optimizer=Optimizer(lr=1e-2, weight_decay=0.05, eps=1e-6))
+    assert b.manager(tmp_path).load() == 2
+    for group in b.optimizer.param_groups:
+        assert group["weight_decay"] == 0.05 and group["eps"] == 1e-6
+        assert group["betas"] == (0.9, 0.95) and group["foreach"]
+        assert group["lr"] == b.scheduler.get_last_lr()[0]
+    assert_same_tensors(optimizer_tensors(b), moments)
+    assert since_the_checkpoint(caplog) == [
+        "optimizer.eps changed 1e-08 -> 1e-06, optimizer.weight_decay changed 0.1 -> 0.05 since "
+        "the checkpoint: the optimizer uses the new settings from step 3; its moments (exp_avg, "
+        "exp_avg_sq, step) continue from the checkpoint"
+    ]
+
+
+def test_optimizer_changes_name_the_options_and_skip_the_lr_and_kernel_flags():
+    saved = {"lr": 1e-3, "initial_lr": 1e-3, "betas": (0.9, 0.95), "fused": False, "eps": 1e-8}
+    current = {"lr": 2e-3, "initial_lr": 2e-3, "betas": (0.9, 0.99), "fused": True, "eps": 1e-8}
+
+    def flat(entries: dict) -> dict:  # as flatten_optimizer_state_dict keys them, per parameter
+        fqns = ("a.weight", "b.weight")
+        return {f"param_groups.{fqn}.{k}": v for fqn in fqns for k, v in entries.items()}
+
+    changes = optimizer_changes(flat(saved), flat(current))
+    assert changes == "optimizer.beta2 changed 0.95 -> 0.99"  # once, not once per parameter
 
 
 def test_fqns_are_clean_under_compile_and_activation_checkpointing():
@@ -270,32 +313,37 @@ def test_corrupted_latest_falls_back_to_the_previous_step(tmp_path, caplog):
     one_line(error.value)
 
 
-def test_resuming_from_an_earlier_step_moves_the_later_one_aside_when_reached(tmp_path, caplog):
+def test_resuming_from_an_earlier_step_moves_the_later_ones_aside_at_the_first_save(
+    tmp_path, caplog
+):
     a = Job(0)
     manager = a.manager(tmp_path)
     a.train_and_save(manager, 2)
+    a_step2 = a.params()
+    a.train_and_save(manager, 1)
+    folder = tmp_path / "checkpoint"
     b = Job(1)
     bm = b.manager(tmp_path, load_step=1)
     assert bm.load() == 1
-    b.train_state.step = 1
+    assert sorted(p.name for p in folder.iterdir()) == ["step-1", "step-2", "step-3"]  # not yet
     b.model.output.weight.data.add_(1.0)  # a different branch of training
     b.train(1)
     bm.save(2)
-    assert "(a complete checkpoint): moved it aside to step-2.stale-" in caplog.text
-    c = Job(2)
-    assert c.manager(tmp_path).load() == 2
-    assert_same_tensors(c.params(), b.params())
-    names = sorted(p.name for p in (tmp_path / "checkpoint").iterdir())
-    assert names[:2] == ["step-1", "step-2"] and names[2].startswith("step-2.stale-")
-    assert len(names) == 3
-    d = Job(3)  # the earlier branch's step-2, preserved aside, still loads
-    assert (
-        d.manager(
-            tmp_path, enable=False, initial_load_path=str(tmp_path / "checkpoint" / names[2])
-        ).load()
-        == 0
+    (warning,) = [r.getMessage() for r in caplog.records if "load_step" in r.getMessage()]
+    assert warning.startswith(
+        "resumed from step-1 (--checkpoint.load_step) while later steps existed: moved step-2, "
+        "step-3 aside to step-2.stale-"
     )
-    assert_same_tensors(d.params(), a.params())
+    c = Job(2)
+    assert c.manager(tmp_path).load() == 2  # the resumed branch's step, not the old step-3
+    assert_same_tensors(c.params(), b.params())
+    names = sorted(p.name for p in folder.iterdir())
+    assert names[:2] == ["step-1", "step-2"] and len(names) == 4
+    assert names[2].startswith("step-2.stale-") and names[3].startswith("step-3.stale-")
+    assert names[3] in warning
+    d = Job(3)  # the earlier branch's step-2, preserved aside, still loads
+    assert d.manager(tmp_path, enable=False, initial_load_path=str(folder / names[2])).load() == 0
+    assert_same_tensors(d.params(), a_step2)
 
 
 # --------------------------------------------------------------------------- retention, export

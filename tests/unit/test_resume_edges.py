@@ -1,5 +1,6 @@
-"""Resuming as a new user would: stale step folders, a changed training.steps or batch, nothing
-left to train, a wrong initial_load_path, HF weights, a warmup longer than the run."""
+"""Resuming as a new user would: stale step folders, a branch from an earlier load_step, a changed
+training.steps or batch, nothing left to train, a wrong initial_load_path, HF weights, a warmup
+longer than the run."""
 
 import logging
 import shutil
@@ -106,6 +107,42 @@ def test_a_stale_latest_step_is_moved_aside_and_the_save_goes_on(
     train(run, "--training.steps=6", *CHECKPOINTED)
     assert "continuing after step 6" in caplog.text
     assert "incomplete" not in caplog.text
+
+
+def test_resuming_from_an_earlier_load_step_sets_the_later_branch_aside_before_keep_k(
+    tmp_path, caplog
+):
+    """Steps 10-40 kept to 3; resumed from step-20 and saved 25, 30: keep-k never deletes the
+    branch point, the old branch's step-30/40 are preserved aside, the next resume loads 30."""
+    small = ["--model.dim=64", "--model.n_layers=1", "--model.n_heads=4", "--model.n_kv_heads=2"]
+    keep3 = [*small, "--checkpoint.enable", "--checkpoint.keep_latest_k=3"]
+    run, folder = tmp_path / "run", tmp_path / "run" / "checkpoint"
+    train(run, "--training.steps=40", "--checkpoint.interval=10", *keep3)
+    assert sorted(p.name for p in folder.iterdir()) == ["step-20", "step-30", "step-40"]
+    old_branch = {step: (folder / f"step-{step}").stat().st_ino for step in (30, 40)}
+
+    caplog.clear()
+    resumed = train(
+        run, "--training.steps=30", "--checkpoint.interval=5", "--checkpoint.load_step=20", *keep3
+    )
+    assert resumed.step == 30 and "continuing after step 20" in caplog.text
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    warnings = [w for w in warnings if "(--checkpoint.load_step)" in w]
+    assert len(warnings) == 1 and warnings[0].startswith(
+        "resumed from step-20 (--checkpoint.load_step) while later steps existed: moved "
+        "step-30, step-40 aside to step-30.stale-"
+    )
+    assert "deleting" not in caplog.text
+    names = sorted(p.name for p in folder.iterdir())
+    assert names[:3] == ["step-20", "step-25", "step-30"] and len(names) == 5
+    for step, name in zip((30, 40), names[3:]):  # the old branch, renamed untouched
+        assert name.startswith(f"step-{step}.stale-") and name in warnings[0]
+        assert (folder / name).stat().st_ino == old_branch[step] and is_complete(folder / name)
+    assert (folder / "step-30").stat().st_ino != old_branch[30]
+
+    caplog.clear()
+    again = train(run, "--training.steps=30", *keep3)  # an automatic resume
+    assert again.step == 30 and f"resumed from {folder / 'step-30'} (" in caplog.text
 
 
 # --------------------------------------------------------------------------- the lr schedule

@@ -5,12 +5,14 @@ One concern per module:
 * ``manager``: ``CheckpointManager``, saving every ``interval`` steps and resuming with fallback;
 * ``states``: what is saved (``TrainState`` and the model/optimizer/LR/data wrappers);
 * ``folders``: ``step-<N>`` folders, written atomically (``.tmp``, then rename), kept to the newest
-  K, found when complete (``complete_steps``, ``find_checkpoint``), a stale one moved aside;
+  K, found when complete (``complete_steps``, ``find_checkpoint``), a stale one moved aside (and
+  the steps after an explicit ``load_step``, an abandoned branch);
 * ``async_save``: background writes (staged in host memory, pinned on CUDA);
 * ``safe_io``: reading without unpickling arbitrary objects (``SafeFileSystemReader``,
   ``SafeLoadPlanner``);
 * ``consensus``: every rank takes the same decision and raises the same one-line error;
-* ``resume_changes``: what changed since the checkpoint (training.steps, lr, batch), logged once;
+* ``resume_changes``: what changed since the checkpoint (training.steps, lr, batch, the
+  optimizer's hyperparameters), logged once;
 * ``seed``: the seed checkpoint every layout starts from;
 * ``hf_load``: Hugging Face safetensors weights loaded into a model in any layout.
 

@@ -4,8 +4,9 @@ A step is written to ``step-<N>.tmp``; only when every rank has finished does ra
 ``step-<N>``. A folder without DCP's ``.metadata`` file, or with a suffix, is never loaded. Only
 what is recognized as ours is ever deleted: ``step-*.tmp`` leftovers, and complete steps beyond
 ``keep_latest_k`` (renamed to ``.deleting.tmp`` first, so a half-deleted folder is never taken for
-a checkpoint). A ``step-<N>`` already in the way of a new save (incomplete, damaged, or from an
-earlier branch of training) is moved aside to ``step-<N>.stale-<time>``, never deleted.
+a checkpoint). A ``step-<N>`` already in the way of a new save (incomplete, damaged, or from
+another line of training) is moved aside to ``step-<N>.stale-<time>``, never deleted; so are the
+complete steps after an explicit ``load_step``, before the resumed run's first save.
 """
 
 from __future__ import annotations
@@ -112,6 +113,9 @@ class StepFolders:
     def __init__(self, folder: Path, keep_latest_k: int = 0):
         self.folder = folder
         self.keep_latest_k = keep_latest_k
+        # Set when a run resumed from an explicit earlier step: the steps after it are another
+        # branch of training, moved aside before this run's first save.
+        self.branch_point: int | None = None
         self._cleaned_transient = False
         self._purger: ThreadPoolExecutor | None = None
 
@@ -119,8 +123,12 @@ class StepFolders:
         return self.folder / f"step-{step}"
 
     def prepare(self, step: int) -> None:
-        """Before saving ``step``: create the folder, remove what earlier runs left in progress."""
+        """Before saving ``step``: create the folder, remove what earlier runs left in progress,
+        set aside the steps of the branch this run abandoned (``branch_point``)."""
         self.folder.mkdir(parents=True, exist_ok=True)
+        if self.branch_point is not None:
+            self._set_aside_steps_after(self.branch_point)
+            self.branch_point = None
         if not self._cleaned_transient:
             self._cleaned_transient = True
             for child in self.folder.iterdir():
@@ -146,16 +154,30 @@ class StepFolders:
             self._move_aside(final)
         tmp.rename(final)
 
+    def _set_aside_steps_after(self, branch_point: int) -> None:
+        """The run resumed from ``step-<branch_point>`` (an explicit ``load_step``): the complete
+        steps after it belong to the abandoned branch. Renamed, never deleted, so that resuming
+        and keep-k see only the resumed branch."""
+        later = sorted(s for s in complete_steps(self.folder) if s > branch_point)
+        if not later:
+            return
+        asides = [_rename_aside(self.final(s)) for s in later]
+        logger.warning(
+            "resumed from step-%d (--checkpoint.load_step) while later steps existed: moved %s "
+            "aside to %s, so that only the resumed branch is resumed from and kept; delete them "
+            "when you no longer need them",
+            branch_point,
+            ", ".join(f"step-{s}" for s in later),
+            ", ".join(aside.name for aside in asides),
+        )
+
     def _move_aside(self, path: Path) -> None:
         """A ``step-N`` in the way of a new save: an incomplete or damaged folder the load
-        skipped, or a step of an earlier branch of training (resumed from an earlier
-        ``load_step``). Renamed, never deleted: the new save goes on and nothing is lost."""
+        skipped, or a complete step of another line of training (e.g. the step count restarted
+        with ``train_state`` excluded from loading). Renamed, never deleted: the new save goes
+        on and nothing is lost."""
         what = "a complete checkpoint" if is_complete(path) else "not a complete checkpoint"
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        aside, n = path.with_name(f"{path.name}.stale-{stamp}"), 1
-        while aside.exists():
-            aside, n = path.with_name(f"{path.name}.stale-{stamp}-{n}"), n + 1
-        path.rename(aside)
+        aside = _rename_aside(path)
         logger.warning(
             "%s already existed (%s): moved it aside to %s, then saved; delete it when you no "
             "longer need it",
@@ -186,3 +208,13 @@ class StepFolders:
         """Wait for the background deletions."""
         if self._purger is not None:
             self._purger.shutdown(wait=True)
+
+
+def _rename_aside(path: Path) -> Path:
+    """Rename ``step-N`` to ``step-N.stale-<time>`` (never loaded, counted or deleted); -> it."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside, n = path.with_name(f"{path.name}.stale-{stamp}"), 1
+    while aside.exists():
+        aside, n = path.with_name(f"{path.name}.stale-{stamp}-{n}"), n + 1
+    path.rename(aside)
+    return aside

@@ -29,7 +29,7 @@ from torchtitan.checkpoint.folders import (
     step_listing,
     temporary,
 )
-from torchtitan.checkpoint.resume_changes import describe_changes
+from torchtitan.checkpoint.resume_changes import describe_changes, describe_optimizer_changes
 from torchtitan.checkpoint.safe_io import load_safely, read_state_names
 from torchtitan.checkpoint.states import GLOBAL_STATES, TrainState, training_states
 from torchtitan.config import Checkpoint
@@ -136,8 +136,10 @@ class CheckpointManager:
     def maybe_wait_for_staging(self) -> None:
         """Wait until the pending async save has copied the state out (pinned-memory mode).
 
-        Registered as a step pre-hook on every optimizer, so parameters are never updated while
-        they are being copied; calling it by hand is harmless.
+        For callers that change parameters outside ``optimizer.step()``; calling it is always
+        harmless. Training needs no call: in pinned mode ``AsyncSaver`` registers its own step
+        pre-hook on every optimizer (``_before_optimizer_step``), so parameters are never
+        updated while they are being copied.
         """
         if self._async is not None:
             self._async.wait_for_staging()
@@ -168,6 +170,7 @@ class CheckpointManager:
 
         1. ``enable`` and the folder holds complete steps: the latest (or ``load_step``), every
            state but ``exclude_from_loading``; when the latest fails to load, the previous one.
+           After a ``load_step``, the first ``save`` first moves the later steps aside (stale).
         2. else ``initial_load_path`` (a DCP checkpoint; not with ``initial_load_in_hf``): its
            model weights (every state with ``initial_load_model_only=False``).
         3. else nothing: 0.
@@ -182,8 +185,12 @@ class CheckpointManager:
                     f"--checkpoint.load_step {c.load_step}: no complete checkpoint "
                     f"step-{c.load_step} in {self.folder} (complete steps: {step_listing(steps)})"
                 )
+            if c.load_step == -1 and steps:
+                return self._resume(steps)
             if steps:
-                return self._resume(steps if c.load_step == -1 else [c.load_step])
+                resumed = self._resume([c.load_step])
+                self._folders.branch_point = c.load_step  # later steps: set aside at first save
+                return resumed
             logger.info("no checkpoint in %s to resume from", self.folder)
         if c.initial_load_path and not c.initial_load_in_hf:  # HF weights: the trainer loads them
             return self._load_initial(Path(c.initial_load_path))
@@ -272,13 +279,20 @@ class CheckpointManager:
         return resumed
 
     def _report_changes(self, loaded: list[str], step: int) -> None:
-        """Log what the loaded run's settings (training.steps, batch...) differ in, if known."""
-        if "train_state" not in loaded:
-            return
-        schedulers = self.states.get("lr_scheduler")
-        lr = schedulers.schedulers[0].get_last_lr()[0] if schedulers is not None else None
-        ts = self.train_state
-        for level, line in describe_changes(ts.saved_settings, ts.settings, step + 1, lr):
+        """Log what the loaded run's settings differ in: training.steps, batch... (when the
+        checkpoint recorded them) and the optimizer's hyperparameters."""
+        lines = []
+        if "train_state" in loaded:
+            schedulers = self.states.get("lr_scheduler")
+            lr = schedulers.schedulers[0].get_last_lr()[0] if schedulers is not None else None
+            ts = self.train_state
+            lines += describe_changes(ts.saved_settings, ts.settings, step + 1, lr)
+        if "optimizer" in loaded:
+            optimizer = self.states["optimizer"]
+            lines += describe_optimizer_changes(
+                optimizer.saved_settings, optimizer.settings, step + 1
+            )
+        for level, line in lines:
             logger.log(level, line)
 
     def _try_load(self, path: Path, wanted: list[str]) -> tuple[list[str], str | None]:

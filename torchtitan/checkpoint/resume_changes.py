@@ -1,7 +1,9 @@
 """What changed between the run that wrote a checkpoint and the run resuming it, one line each.
 
 The trainer records ``run_settings`` in its ``TrainState``; every checkpoint carries them, and
-``describe_changes`` compares the loaded ones with the current run's.
+``describe_changes`` compares the loaded ones with the current run's. The optimizer's
+hyperparameters are read from its param_groups, which every checkpoint holds:
+``describe_optimizer_changes``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,17 @@ SCHEDULE_SETTINGS = (
 )
 # Settings that change what one step trains on.
 BATCH_SETTINGS = ("global batch size", "training.seq_len")
+# Optimizer param_group entries not reported: the lr is the schedule's (SCHEDULE_SETTINGS say
+# when it changed), and the implementation flags are each run's own choice of kernel (a CPU
+# run's foreach checkpoint resumes fused on GPU).
+UNREPORTED_PARAM_GROUP_ENTRIES = (
+    "lr",
+    "initial_lr",
+    "foreach",
+    "fused",
+    "capturable",
+    "differentiable",
+)
 
 
 def run_settings(cfg: JobConfig, global_batch_size: int) -> dict[str, Any]:
@@ -69,3 +82,39 @@ def describe_changes(
             )
         )
     return lines
+
+
+def _named_values(entry: str, saved: Any, current: Any) -> list[tuple[str, Any, Any]]:
+    """(option name, saved, current) of one param_group entry; ``betas`` is two options."""
+    if entry == "betas" and len(saved) == len(current) == 2:
+        return [(f"optimizer.beta{i + 1}", saved[i], current[i]) for i in range(2)]
+    return [(f"optimizer.{entry}", saved, current)]
+
+
+def optimizer_changes(saved: dict[str, Any], current: dict[str, Any]) -> str:
+    """``optimizer.weight_decay changed 0.1 -> 0.05, ...`` between two sets of flattened
+    ``param_groups.<fqn>.<entry>`` entries, each distinct change once ("" if none)."""
+    changes: dict[str, None] = {}  # ordered set
+    for key, now in current.items():
+        entry = key.rsplit(".", 1)[1]
+        if key not in saved or entry in UNREPORTED_PARAM_GROUP_ENTRIES:
+            continue
+        for name, old, new in _named_values(entry, saved[key], now):
+            if bool(old != new):
+                changes[f"{name} changed {old} -> {new}"] = None
+    return ", ".join(changes)
+
+
+def describe_optimizer_changes(
+    saved: dict[str, Any], current: dict[str, Any], next_step: int
+) -> list[tuple[int, str]]:
+    """(logging level, line) when the optimizer's hyperparameters changed: the new ones apply."""
+    if not (changed := optimizer_changes(saved, current)):
+        return []
+    return [
+        (
+            logging.INFO,
+            f"{changed} since the checkpoint: the optimizer uses the new settings from step "
+            f"{next_step}; its moments (exp_avg, exp_avg_sq, step) continue from the checkpoint",
+        )
+    ]

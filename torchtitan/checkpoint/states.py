@@ -32,9 +32,6 @@ from torchtitan.parallel.float8 import plain_weights
 STATES = ("model", *choices(ExcludableState))
 # Identical on every rank by design, so rank 0 alone writes them (one copy, rank-independent).
 GLOBAL_STATES = ("lr_scheduler", "dataloader", "train_state")
-# Optimizer param_group entries that describe the implementation, not the training state: the
-# resuming run's own choice wins (a CPU run's foreach checkpoint must not turn off fused on GPU).
-IMPLEMENTATION_FLAGS = ("foreach", "fused", "capturable", "differentiable")
 FLAT_OPTIM = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
@@ -88,13 +85,22 @@ class ModelState(Stateful):
 
 
 class OptimizerState(Stateful):
-    """Each part's optimizer state, flattened to FQN keys (``state.<fqn>.exp_avg``, ...)."""
+    """Each part's optimizer state, flattened to FQN keys (``state.<fqn>.exp_avg``, ...).
+
+    Loading restores the moments (``state.*``: exp_avg, exp_avg_sq, step) only. The param_group
+    entries (``param_groups.<fqn>.<entry>``: lr, betas, eps, weight_decay, the implementation
+    flags...) are settings, and the resuming run's own win: they stay as this run's config built
+    them (the lr is then the schedule's, ``LRSchedulerState.apply_to_optimizers``). Loading puts
+    the checkpoint's in ``saved_settings`` and this run's in ``settings``, for the manager to
+    report what changed (``resume_changes.describe_optimizer_changes``).
+    """
 
     def __init__(self, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer]):
         self.parts = parts
         self.optimizers = optimizers
         self._keys: list[list[str]] | None = None
-        self._implementation: dict[str, Any] = {}
+        self.settings: dict[str, Any] = {}
+        self.saved_settings: dict[str, Any] = {}
 
     def state_dict(self) -> dict[str, Any]:
         merged, self._keys = {}, []
@@ -102,20 +108,21 @@ class OptimizerState(Stateful):
             state = get_optimizer_state_dict(part, optimizer, options=FLAT_OPTIM)
             self._keys.append(list(state))
             merged.update(state)
-        self._implementation = {
-            k: v
-            for k, v in merged.items()
-            if k.startswith("param_groups.") and k.rsplit(".", 1)[1] in IMPLEMENTATION_FLAGS
-        }
+        self.settings = _param_group_entries(merged)
         return merged
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if self._keys is None:
             self.state_dict()
-        state_dict = {**state_dict, **self._implementation}
+        self.saved_settings = _param_group_entries(state_dict)
+        state_dict = {**state_dict, **self.settings}
         for part, optimizer, keys in zip(self.parts, self.optimizers, self._keys):
             part_state = {k: state_dict[k] for k in keys}
             set_optimizer_state_dict(part, optimizer, part_state, options=FLAT_OPTIM)
+
+
+def _param_group_entries(flat_state: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in flat_state.items() if k.startswith("param_groups.")}
 
 
 class BlobState(Stateful):
@@ -143,8 +150,9 @@ class LRSchedulerState(BlobState):
     """The schedulers step in lockstep, so one state (the first's) is saved and loaded into all.
 
     Loading restores the step count only: the schedule stays this run's (``resume_lr_scheduler``).
-    DCP loads the states in key order, so the optimizer's (with the checkpoint's lr) comes after
-    this one: the manager calls ``apply_to_optimizers`` once everything is loaded.
+    DCP loads the states in key order, so the optimizer's (which puts back the lr its param_groups
+    held before loading) comes after this one: the manager calls ``apply_to_optimizers`` once
+    everything is loaded.
     """
 
     def __init__(self, schedulers: list):
