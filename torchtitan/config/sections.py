@@ -218,7 +218,11 @@ class Checkpoint(Section):
         "disabled", "async writes in the background; async_with_pinned_mem also needs CUDA"
     )
     keep_latest_k: int = opt(0, "keep the K newest step folders, delete older (0 = keep all)")
-    load_step: int = opt(-1, "step to resume from; -1 = the latest complete one")
+    load_step: int = opt(
+        -1,
+        "step to resume from; -1 = the latest complete one (later complete steps are set aside "
+        "as stale at the first save)",
+    )
     exclude_from_loading: list[ExcludableState] = opt([], "states not restored on resume")
     last_save_model_only: bool = opt(False, "at the last step save only the model weights")
     export_dtype: ExportDtype = opt("float32", "dtype of last_save_model_only weights")
