@@ -119,11 +119,13 @@ class PreemptionGuard:
     Ctrl-C raises ``KeyboardInterrupt`` at once: nothing more is saved.
 
     torchrun forwards both signals to every rank (``torchtitan.launch`` forwards a second Ctrl-C
-    too) and SIGKILLs the ranks 30 s later; it also sends SIGTERM when another rank failed, and
-    then the step never finishes (or the vote never completes). So in a job with a process group,
-    GRACE_SECONDS after the signal the main thread gets SIGUSR1, which raises ``Preempted(-1)``
-    there (a real signal also wakes a sleeping or waiting main thread): the Flight Recorder dumps
-    and the process exits before torchrun's SIGKILL.
+    too) and SIGKILLs the ranks after its shutdown timeout (``torchtitan.launch`` raises it where
+    torch lets it); it also sends SIGTERM when another rank failed, and then the vote never
+    completes. So in a job with a process group, a rank that reaches the vote with a stop request
+    gives it GRACE_SECONDS: if it has not completed by then, the main thread gets SIGUSR1, which
+    raises ``Preempted(-1)`` there (a real signal also wakes a sleeping or waiting main thread):
+    the Flight Recorder dumps and the process exits. The grace starts at the vote, not at the
+    signal: a long step, validation or checkpoint save after the signal is healthy work.
     """
 
     GRACE_SECONDS = 20
@@ -154,22 +156,20 @@ class PreemptionGuard:
                 "; Ctrl-C again stops at once, without saving" if signum == signal.SIGINT else ""
             )
             logger.warning("%s: stopping after this step%s", stop_signal_name(signum), again)
-        if self._watchdog is None and dist.is_initialized():
-            self._watchdog = threading.Timer(self.GRACE_SECONDS, self._interrupt_main)
-            self._watchdog.daemon = True
-            self._watchdog.start()
 
     @staticmethod
     def _interrupt_main() -> None:
         signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
 
     def _on_sigusr1(self, signum, frame):
+        if self._watchdog is None:  # the vote completed just as the grace ran out
+            return
         name = stop_signal_name(self._signum or signal.SIGTERM)
         raise Preempted(
             -1,
             self._signum or signal.SIGTERM,
-            f"{name}: the step did not finish within {self.GRACE_SECONDS} s (another rank is "
-            "gone or hung); not saved",
+            f"{name}: the ranks did not agree to stop within {self.GRACE_SECONDS} s (another "
+            "rank is gone or hung); not saved",
         )
 
     def requested(self) -> int:
@@ -177,15 +177,26 @@ class PreemptionGuard:
         if not dist.is_initialized():
             return self._signum
         vote = torch.tensor([float(self._signum)])
-        dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=self._group)
-        signum = int(vote.item())
-        if signum and self._watchdog is not None:
-            self._watchdog.cancel()  # every rank is alive and agreed: take the time to save
-        return signum
+        if self._signum:  # a peer that is gone would leave this vote waiting: bound it
+            self._start_watchdog()
+        try:
+            dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=self._group)
+        finally:
+            self._stop_watchdog()  # every rank is alive and agreed: take the time to save
+        return int(vote.item())
 
-    def __exit__(self, *exc):
+    def _start_watchdog(self) -> None:
+        self._watchdog = threading.Timer(self.GRACE_SECONDS, self._interrupt_main)
+        self._watchdog.daemon = True
+        self._watchdog.start()
+
+    def _stop_watchdog(self) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
+            self._watchdog = None
+
+    def __exit__(self, *exc):
+        self._stop_watchdog()
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         return False
