@@ -23,6 +23,7 @@ import torch
 
 from torchtitan.checkpoint import CheckpointError
 from torchtitan.config import ConfigError, JobConfig, parse_args
+from torchtitan.config.parse import take_flags
 from torchtitan.data.tokenizer import Tokenizer
 from torchtitan.inference.sampling import Sampling, TokenSampler, generate_tokens
 from torchtitan.inference.weights import WeightsSource, load_model, locate_weights, model_args_for
@@ -45,14 +46,6 @@ class GenerateOptions:
     max_new_tokens: int = 100
     sampling: Sampling = field(default_factory=Sampling)
     device: str = "auto"
-
-    def set(self, name: str, text: str) -> None:
-        kind = FLAGS[name][0]
-        try:
-            value = kind(text)
-        except ValueError:
-            raise ConfigError(f"--{name} expects {kind.__name__}, got {text!r}") from None
-        setattr(self.owner(name), name, value)
 
     def owner(self, name: str):
         """The object holding flag ``name``."""
@@ -80,21 +73,11 @@ def usage() -> str:
 
 
 def split_flags(argv: list[str]) -> tuple[GenerateOptions, list[str]]:
-    """Take the generation flags (``--name value`` or ``--name=value``) out of argv; the rest is
-    the trainer's config."""
-    options, rest, i = GenerateOptions(), [], 0
-    while i < len(argv):
-        name, eq, value = argv[i].removeprefix("--").partition("=")
-        if not argv[i].startswith("--") or name not in FLAGS:
-            rest.append(argv[i])
-            i += 1
-            continue
-        if not eq:  # the value is the next argument, whatever it looks like (a prompt may be "--")
-            if i + 1 == len(argv):
-                raise ConfigError(f"--{name} needs a value")
-            value, i = argv[i + 1], i + 1
-        options.set(name, value)
-        i += 1
+    """Take the generation flags out of argv (``take_flags``); the rest is the trainer's config."""
+    values, rest = take_flags(argv, {name: kind for name, (kind, _) in FLAGS.items()})
+    options = GenerateOptions()
+    for name, value in values.items():
+        setattr(options.owner(name), name, value)
     return options, rest
 
 

@@ -236,6 +236,7 @@ def error_cases(root) -> list[tuple[list[str], str]]:
         ([ckpt, "--temperature", "-1"], "--temperature must be >= 0"),
         ([ckpt, "--max_new_tokens", "0"], "--max_new_tokens must be >= 1"),
         ([ckpt, "--prompt"], "--prompt needs a value"),
+        ([ckpt, "--promt", "hi"], "unknown option --promt; did you mean --prompt?"),
         ([ckpt, "--training.stepz", "3"], "unknown config key 'training.stepz'"),
         ([ckpt, "--device", "tpu"], "--device must be auto, cpu, cuda or cuda:N"),
         ([ckpt, "--model.tokenizer_path", str(root / "no.model")], "tokenizer file not found"),
