@@ -154,7 +154,8 @@ def prepare(options: GenerateOptions, rest: list[str]) -> GenerationJob:
     if tokenizer.vocab_size < args.vocab_size:
         log(
             f"warning: tokenizer {cfg.model.tokenizer_path} has {tokenizer.vocab_size} tokens, the "
-            f"model {args.vocab_size}: is it the tokenizer the model was trained with?"
+            f"model {args.vocab_size}: is it the tokenizer the model was trained with? (ids from "
+            f"{tokenizer.vocab_size} on are never generated)"
         )
     prompt_ids = tokenizer.encode(options.prompt, bos=True)
     check_fits(options, prompt_ids, args, source.in_hf)
@@ -196,7 +197,7 @@ def stream(job: GenerationJob, model: Transformer, out: TextIO) -> list[int]:
     out.write(options.prompt)
     out.flush()
     start = time.perf_counter()
-    sampler = TokenSampler(options.sampling)
+    sampler = TokenSampler(options.sampling, vocab_size=job.tokenizer.vocab_size)
     for token in generate_tokens(model, job.prompt_ids, options.max_new_tokens, sampler, eos_id):
         ids.append(token)
         if token != eos_id:
