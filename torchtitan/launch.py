@@ -121,7 +121,7 @@ class CtrlC:
 
     def __call__(self, signum, frame):
         self.presses += 1
-        ranks = worker_pids() if self.presses > 1 else []
+        ranks = child_pids(os.getpid()) if self.presses > 1 else []
         if not ranks:
             raise SignalException(f"Process {os.getpid()} got signal: SIGINT", signal.SIGINT)
         for pid in ranks:
@@ -131,15 +131,17 @@ class CtrlC:
                 pass
 
 
-def worker_pids() -> list[int]:
-    """This process's children (torchrun's ranks), from /proc; [] where there is no /proc."""
-    me, pids = os.getpid(), []
+def child_pids(parent: int, running_only: bool = False) -> list[int]:
+    """The children of process ``parent`` (under torchrun: the ranks of this node, children of
+    its agent), from /proc; [] where there is no /proc. ``running_only``: not those that exited
+    (zombies not yet reaped)."""
+    pids = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+            state, ppid = stat.read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, IndexError, ValueError):
             continue
-        if int(fields[1]) == me:
+        if int(ppid) == parent and not (running_only and state in "ZX"):
             pids.append(int(stat.parent.name))
     return pids
 

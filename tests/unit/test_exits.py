@@ -233,6 +233,25 @@ def test_a_vote_that_does_not_complete_ends_the_rank_after_the_grace(one_rank_gr
     )
 
 
+def test_a_step_after_another_rank_of_the_node_died_ends_after_the_grace(
+    one_rank_group, monkeypatch
+):
+    """torchrun SIGTERMs the ranks when one failed and SIGKILLs them 30 s later: a rank still in
+    its step GRACE_SECONDS after that SIGTERM stops (and dumps) itself, before the SIGKILL."""
+    running = iter([2, 1])  # this node's ranks at the guard's start, then when the grace ends
+    count = staticmethod(lambda: next(running))
+    monkeypatch.setattr(runtime.PreemptionGuard, "_running_node_ranks", count)
+    with runtime.PreemptionGuard(60):
+        _signal_self(signal.SIGTERM)
+        with pytest.raises(runtime.Preempted) as stopped:
+            time.sleep(GRACE * 20)  # a stalled step
+    assert stopped.value.step == -1 and stopped.value.code == 143
+    assert str(stopped.value) == (
+        f"SIGTERM: another rank of this node is gone and this step did not finish within {GRACE} "
+        "s; not saved"
+    )
+
+
 def test_a_trainer_step_longer_than_the_grace_is_saved(tmp_path, monkeypatch):
     """The trainer with a process group (one rank): SIGTERM during step 3, which takes longer
     than the grace: step 3 is saved and the run stops with Preempted(3)."""
