@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from torchtitan import runtime
+from torchtitan.launch import KINDS
 from torchtitan.observability.flight_recorder import is_communication_failure
 from torchtitan.observability.numerics import NonFiniteError
 from torchtitan.paths import absolute
@@ -33,11 +34,6 @@ from torchtitan.preflight import USER_ERRORS
 logger = logging.getLogger("torchtitan")
 
 BUG, USER_ERROR, NONFINITE, COMMUNICATION = 1, 2, 3, 4
-
-# What a rank's line says about the job, most telling first: the launcher shows a line of the
-# first kind here that a rank reported, the earliest of them. A communication failure is usually
-# the consequence of another rank's error, a stop that of a signal or of torchrun tearing down.
-KINDS = ("error", "communication", "stopped")
 
 
 @dataclass(frozen=True)

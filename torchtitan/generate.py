@@ -23,6 +23,7 @@ import torch
 
 from torchtitan.checkpoint import CheckpointError
 from torchtitan.config import ConfigError, JobConfig, parse_args
+from torchtitan.config.parse import take_flags
 from torchtitan.data.tokenizer import Tokenizer
 from torchtitan.inference.sampling import Sampling, TokenSampler, generate_tokens
 from torchtitan.inference.weights import WeightsSource, load_model, locate_weights, model_args_for
@@ -45,14 +46,6 @@ class GenerateOptions:
     max_new_tokens: int = 100
     sampling: Sampling = field(default_factory=Sampling)
     device: str = "auto"
-
-    def set(self, name: str, text: str) -> None:
-        kind = FLAGS[name][0]
-        try:
-            value = kind(text)
-        except ValueError:
-            raise ConfigError(f"--{name} expects {kind.__name__}, got {text!r}") from None
-        setattr(self.owner(name), name, value)
 
     def owner(self, name: str):
         """The object holding flag ``name``."""
@@ -80,21 +73,11 @@ def usage() -> str:
 
 
 def split_flags(argv: list[str]) -> tuple[GenerateOptions, list[str]]:
-    """Take the generation flags (``--name value`` or ``--name=value``) out of argv; the rest is
-    the trainer's config."""
-    options, rest, i = GenerateOptions(), [], 0
-    while i < len(argv):
-        name, eq, value = argv[i].removeprefix("--").partition("=")
-        if not argv[i].startswith("--") or name not in FLAGS:
-            rest.append(argv[i])
-            i += 1
-            continue
-        if not eq:  # the value is the next argument, whatever it looks like (a prompt may be "--")
-            if i + 1 == len(argv):
-                raise ConfigError(f"--{name} needs a value")
-            value, i = argv[i + 1], i + 1
-        options.set(name, value)
-        i += 1
+    """Take the generation flags out of argv (``take_flags``); the rest is the trainer's config."""
+    values, rest = take_flags(argv, {name: kind for name, (kind, _) in FLAGS.items()})
+    options = GenerateOptions()
+    for name, value in values.items():
+        setattr(options.owner(name), name, value)
     return options, rest
 
 
@@ -171,7 +154,8 @@ def prepare(options: GenerateOptions, rest: list[str]) -> GenerationJob:
     if tokenizer.vocab_size < args.vocab_size:
         log(
             f"warning: tokenizer {cfg.model.tokenizer_path} has {tokenizer.vocab_size} tokens, the "
-            f"model {args.vocab_size}: is it the tokenizer the model was trained with?"
+            f"model {args.vocab_size}: is it the tokenizer the model was trained with? (ids from "
+            f"{tokenizer.vocab_size} on are never generated)"
         )
     prompt_ids = tokenizer.encode(options.prompt, bos=True)
     check_fits(options, prompt_ids, args, source.in_hf)
@@ -213,7 +197,7 @@ def stream(job: GenerationJob, model: Transformer, out: TextIO) -> list[int]:
     out.write(options.prompt)
     out.flush()
     start = time.perf_counter()
-    sampler = TokenSampler(options.sampling)
+    sampler = TokenSampler(options.sampling, vocab_size=job.tokenizer.vocab_size)
     for token in generate_tokens(model, job.prompt_ids, options.max_new_tokens, sampler, eos_id):
         ids.append(token)
         if token != eos_id:

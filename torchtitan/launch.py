@@ -14,6 +14,11 @@ changes what the user sees at the end:
   stops (130). A second Ctrl-C would make torchrun SIGTERM the ranks and exit with a traceback
   while they save; here it is forwarded as a Ctrl-C, and the ranks stop at once, unsaved.
 * **SIGTERM** (a scheduler): torchrun forwards it, the ranks save and stop (143), no traceback.
+* **Time to save.** torchrun SIGKILLs the ranks its shutdown timeout after it forwarded a signal
+  (30 s by default, less than an 8B checkpoint save). Where torch has the option
+  (``--shutdown-timeout``, torch >= 2.12), this launcher raises it to ``SHUTDOWN_TIMEOUT`` unless
+  the user set it (the flag, ``PET_SHUTDOWN_TIMEOUT`` or ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``);
+  older torch keeps its fixed 30 s.
 """
 
 from __future__ import annotations
@@ -32,7 +37,14 @@ from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-KINDS = ("error", "communication", "stopped")  # as in torchtitan/exits.py, most telling first
+# What a rank's line says about the job (torchtitan/exits.py writes it), most telling first: the
+# launcher shows a line of the first kind here that a rank reported, the earliest of them. A
+# communication failure is usually the consequence of another rank's error, a stop that of a
+# signal or of torchrun tearing down. (Defined here, not in exits.py, to keep the launcher's
+# imports light: exits imports the trainer's runtime.)
+KINDS = ("error", "communication", "stopped")
+SHUTDOWN_TIMEOUT = 300  # s from a forwarded signal to torchrun's SIGKILL: time for a save
+SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"  # torch's own, read where the flag is unset
 SIGNAL_HINTS = {
     "SIGKILL": " (out of host memory? the kernel's OOM killer sends it: see dmesg)",
     "SIGABRT": " (an abort in native code: see the end of its log)",
@@ -109,7 +121,7 @@ class CtrlC:
 
     def __call__(self, signum, frame):
         self.presses += 1
-        ranks = worker_pids() if self.presses > 1 else []
+        ranks = child_pids(os.getpid()) if self.presses > 1 else []
         if not ranks:
             raise SignalException(f"Process {os.getpid()} got signal: SIGINT", signal.SIGINT)
         for pid in ranks:
@@ -119,15 +131,17 @@ class CtrlC:
                 pass
 
 
-def worker_pids() -> list[int]:
-    """This process's children (torchrun's ranks), from /proc; [] where there is no /proc."""
-    me, pids = os.getpid(), []
+def child_pids(parent: int, running_only: bool = False) -> list[int]:
+    """The children of process ``parent`` (under torchrun: the ranks of this node, children of
+    its agent), from /proc; [] where there is no /proc. ``running_only``: not those that exited
+    (zombies not yet reaped)."""
+    pids = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+            state, ppid = stat.read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, IndexError, ValueError):
             continue
-        if int(fields[1]) == me:
+        if int(ppid) == parent and not (running_only and state in "ZX"):
             pids.append(int(stat.parent.name))
     return pids
 
@@ -151,6 +165,14 @@ def default_log_dir(args) -> Path | None:
     return Path(dump_folder).expanduser().absolute() / "logs" / stamp
 
 
+def allow_time_to_save(args, environ=os.environ) -> None:
+    """Raise torchrun's shutdown timeout to ``SHUTDOWN_TIMEOUT`` unless the user set one; torch
+    before 2.12 has no such option (its parsed args lack ``shutdown_timeout``): 30 s, fixed."""
+    if hasattr(args, "shutdown_timeout") and args.shutdown_timeout is None:
+        if SHUTDOWN_TIMEOUT_ENV not in environ:
+            args.shutdown_timeout = SHUTDOWN_TIMEOUT
+
+
 def main(argv: list[str] | None = None) -> int:
     args = torchrun.parse_args(sys.argv[1:] if argv is None else argv)
     log_dir = default_log_dir(args)
@@ -160,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         args.signals_to_handle = ",".join(
             s for s in args.signals_to_handle.split(",") if s.strip() != "SIGINT"
         )
+    allow_time_to_save(args)
     several_ranks = several_nodes(args) or str(args.nproc_per_node) != "1"
     started = time.time()
     previous = signal.signal(signal.SIGINT, CtrlC())

@@ -7,10 +7,10 @@ fit with their estimated peak memory, tokens/s per GPU and ``run_train.sh`` comm
 
 from __future__ import annotations
 
-import difflib
 import sys
 
 from torchtitan.config import ConfigError, parse_args
+from torchtitan.config.parse import take_flags
 from torchtitan.planning.hardware import CARDS, HardwareError, make_hardware
 from torchtitan.planning.layout import Layout, Workload
 from torchtitan.planning.report import format_plan
@@ -36,36 +36,6 @@ Config options are the trainer's (python -m torchtitan.train --help). Planner op
 """ + "\n".join(f"  --{name:<13} {doc}" for name, (_, doc) in FLAGS.items())
 
 
-def split_argv(argv: list[str]) -> tuple[dict, list[str]]:
-    """(planner options, trainer config arguments); config keys always contain a dot."""
-    options: dict = {}
-    rest: list[str] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        name, _, inline = arg[2:].partition("=")
-        if not arg.startswith("--") or "." in name:
-            rest.append(arg)
-            i += 1
-            continue
-        if name not in FLAGS:
-            close = difflib.get_close_matches(name, FLAGS, n=1)
-            hint = f"; did you mean --{close[0]}?" if close else f"; see {USAGE.splitlines()[0]}"
-            raise HardwareError(f"unknown option --{name}{hint}")
-        kind = FLAGS[name][0]
-        if kind is bool:
-            options[name] = True
-            i += 1
-            continue
-        value = inline if inline else (argv[i + 1] if i + 1 < len(argv) else None)
-        i += 1 if inline else 2
-        try:
-            options[name] = kind(value)
-        except (TypeError, ValueError):
-            raise HardwareError(f"--{name} expects {kind.__name__}, got {value!r}") from None
-    return options, rest
-
-
 def _hardware(options: dict):
     if "gpus" not in options:
         raise HardwareError("give the number of GPUs per node: --gpus N")
@@ -87,7 +57,7 @@ def _current(cfg, plan, hw) -> Candidate:
 
 
 def run(argv: list[str]) -> str:
-    options, config_args = split_argv(argv)
+    options, config_args = take_flags(argv, {name: kind for name, (kind, _) in FLAGS.items()})
     hw = _hardware(options)
     cfg = parse_args(config_args)
     if options.get("top", 5) < 1:

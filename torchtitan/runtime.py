@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from torchtitan.config import JobConfig
+from torchtitan.launch import child_pids
 from torchtitan.observability import flight_recorder
 from torchtitan.parallel.compile import use_per_rank_compile_cache
 from torchtitan.parallel.dims import ParallelDims
@@ -119,18 +120,25 @@ class PreemptionGuard:
     Ctrl-C raises ``KeyboardInterrupt`` at once: nothing more is saved.
 
     torchrun forwards both signals to every rank (``torchtitan.launch`` forwards a second Ctrl-C
-    too) and SIGKILLs the ranks 30 s later; it also sends SIGTERM when another rank failed, and
-    then the step never finishes (or the vote never completes). So in a job with a process group,
-    GRACE_SECONDS after the signal the main thread gets SIGUSR1, which raises ``Preempted(-1)``
-    there (a real signal also wakes a sleeping or waiting main thread): the Flight Recorder dumps
-    and the process exits before torchrun's SIGKILL.
+    too) and SIGKILLs the ranks after its shutdown timeout (``torchtitan.launch`` raises it where
+    torch lets it). The step, validation or checkpoint save in progress when the signal comes is
+    healthy work and takes what it needs. In a job with a process group, two waits are bounded
+    by GRACE_SECONDS, after which the main thread gets SIGUSR1 and raises ``Preempted(-1)``
+    there (a real signal also wakes a sleeping or waiting main thread), so the Flight Recorder
+    dumps and the process exits before torchrun's SIGKILL:
+
+    * the vote: from when this rank, with a stop request, reaches it; it never completes when
+      another rank is gone or hung;
+    * the step, when another rank of this node is gone: torchrun SIGTERMs the others when one
+      failed, and SIGKILLs them 30 s later whatever its shutdown timeout.
     """
 
     GRACE_SECONDS = 20
 
     def __init__(self, timeout_seconds: int):
         self.timeout = timedelta(seconds=timeout_seconds)
-        self._watchdog: threading.Timer | None = None
+        self._timers: list[threading.Timer] = []
+        self._alarm = ""  # why the main thread gets SIGUSR1; "" after the vote completed
 
     def __enter__(self):
         self._signum = 0  # the first stop signal received
@@ -143,49 +151,75 @@ class PreemptionGuard:
         self._group = (
             dist.new_group(backend="gloo", timeout=self.timeout) if dist.is_initialized() else None
         )
+        # This node's ranks are the children of torchrun's agent: fewer running means one is gone.
+        self._node_ranks = self._running_node_ranks() if self._group is not None else 0
         return self
 
     def _on_stop_signal(self, signum, frame):
         if signum == signal.SIGINT and self._signum:
             raise KeyboardInterrupt  # Ctrl-C after a stop request: stop now, save nothing
-        if not self._signum:
-            self._signum = signum
-            again = (
-                "; Ctrl-C again stops at once, without saving" if signum == signal.SIGINT else ""
+        if self._signum:
+            return
+        self._signum = signum
+        again = "; Ctrl-C again stops at once, without saving" if signum == signal.SIGINT else ""
+        logger.warning("%s: stopping after this step%s", stop_signal_name(signum), again)
+        if self._group is not None:
+            self._alarm_after_grace(
+                self._node_rank_gone,
+                f"another rank of this node is gone and this step did not finish within "
+                f"{self.GRACE_SECONDS} s; not saved",
             )
-            logger.warning("%s: stopping after this step%s", stop_signal_name(signum), again)
-        if self._watchdog is None and dist.is_initialized():
-            self._watchdog = threading.Timer(self.GRACE_SECONDS, self._interrupt_main)
-            self._watchdog.daemon = True
-            self._watchdog.start()
 
     @staticmethod
-    def _interrupt_main() -> None:
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+    def _running_node_ranks() -> int:
+        return len(child_pids(os.getppid(), running_only=True))
+
+    def _node_rank_gone(self) -> bool:
+        return self._running_node_ranks() < self._node_ranks
+
+    def _alarm_after_grace(self, condition, message: str) -> None:
+        """GRACE_SECONDS from now, if ``condition()``: ``Preempted(-1)`` in the main thread."""
+
+        def check():
+            if condition():
+                self._alarm = message
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+
+        timer = threading.Timer(self.GRACE_SECONDS, check)
+        timer.daemon = True
+        timer.start()
+        self._timers.append(timer)
 
     def _on_sigusr1(self, signum, frame):
-        name = stop_signal_name(self._signum or signal.SIGTERM)
-        raise Preempted(
-            -1,
-            self._signum or signal.SIGTERM,
-            f"{name}: the step did not finish within {self.GRACE_SECONDS} s (another rank is "
-            "gone or hung); not saved",
-        )
+        if not self._alarm:  # the vote completed just as the grace ran out
+            return
+        signum = self._signum or signal.SIGTERM
+        raise Preempted(-1, signum, f"{stop_signal_name(signum)}: {self._alarm}")
 
     def requested(self) -> int:
         """The stop signal every rank agrees on (SIGTERM wins over Ctrl-C), or 0: go on."""
         if not dist.is_initialized():
             return self._signum
         vote = torch.tensor([float(self._signum)])
-        dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=self._group)
-        signum = int(vote.item())
-        if signum and self._watchdog is not None:
-            self._watchdog.cancel()  # every rank is alive and agreed: take the time to save
-        return signum
+        if self._signum:  # a rank that is gone or hung would leave this vote waiting: bound it
+            self._alarm_after_grace(
+                lambda: True,
+                f"the ranks did not agree to stop within {self.GRACE_SECONDS} s (another rank "
+                "is gone or hung); not saved",
+            )
+        try:
+            dist.all_reduce(vote, op=dist.ReduceOp.MAX, group=self._group)
+        finally:
+            self._cancel_alarms()  # every rank is alive and agreed: take the time to save
+        return int(vote.item())
+
+    def _cancel_alarms(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+        self._timers, self._alarm = [], ""
 
     def __exit__(self, *exc):
-        if self._watchdog is not None:
-            self._watchdog.cancel()
+        self._cancel_alarms()
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         return False

@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from torchtitan import exits, launch, runtime
@@ -114,6 +117,40 @@ def test_launcher_reads_error_files_of_this_launch_only(tmp_path):
     assert [(e.rank, e.line, e.log_folder) for e in endings] == [(1, "r1", new)]
 
 
+def test_launcher_gives_the_ranks_time_to_save_unless_told_otherwise(monkeypatch):
+    """torchrun's default 30 s from the forwarded signal to SIGKILL would kill a large save:
+    the launcher raises it where torch has the option, unless the flag or an env var set it."""
+    from torch.distributed import run as torchrun
+
+    captured = []
+    monkeypatch.setattr(torchrun, "run", captured.append)
+    monkeypatch.delenv(launch.SHUTDOWN_TIMEOUT_ENV, raising=False)
+    monkeypatch.delenv("PET_SHUTDOWN_TIMEOUT", raising=False)
+    script = ["--standalone", "--nproc_per_node=1", "train.py"]
+    assert launch.main(script) == 0
+    if not hasattr(captured[0], "shutdown_timeout"):  # torch < 2.12: torchrun's fixed 30 s
+        pytest.skip("this torch's torchrun has no --shutdown-timeout")
+    assert captured[0].shutdown_timeout == launch.SHUTDOWN_TIMEOUT
+    assert torchrun.config_from_args(captured[0])[0].shutdown_timeout == launch.SHUTDOWN_TIMEOUT
+
+    assert launch.main(["--shutdown-timeout=45", *script]) == 0
+    assert captured[-1].shutdown_timeout == 45
+    monkeypatch.setenv("PET_SHUTDOWN_TIMEOUT", "50")  # torchrun's env form of the flag
+    assert launch.main(script) == 0
+    assert captured[-1].shutdown_timeout == 50
+    monkeypatch.delenv("PET_SHUTDOWN_TIMEOUT")
+    monkeypatch.setenv(launch.SHUTDOWN_TIMEOUT_ENV, "60")  # read by torch's LaunchConfig
+    assert launch.main(script) == 0
+    assert captured[-1].shutdown_timeout is None
+    assert torchrun.config_from_args(captured[-1])[0].shutdown_timeout == 60
+
+
+def test_launcher_leaves_a_torch_without_the_option_alone():
+    args = argparse.Namespace()
+    launch.allow_time_to_save(args, environ={})
+    assert vars(args) == {}
+
+
 def test_communication_failures_are_told_apart():
     assert fr.is_communication_failure(GLOO_TIMEOUT)
     assert fr.is_communication_failure(RuntimeError("... Connection closed by peer [1.2.3.4]:5"))
@@ -151,6 +188,101 @@ def test_sigterm_wins_and_ctrl_c_after_it_stops_at_once():
             _signal_self(signal.SIGINT)
     assert runtime.Preempted(3, signal.SIGTERM).code == 143
     assert runtime.Preempted(3, signal.SIGINT).code == 130
+
+
+# ------------------------------------------------------- the grace of the stop vote (one rank)
+
+GRACE = 0.3  # PreemptionGuard.GRACE_SECONDS in these tests (20 s in a job)
+
+
+@pytest.fixture
+def one_rank_group(tmp_path, monkeypatch):
+    """A process group of one rank (gloo), so the guard votes and arms its watchdog."""
+    monkeypatch.setattr(runtime.PreemptionGuard, "GRACE_SECONDS", GRACE)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_a_step_longer_than_the_grace_after_the_signal_still_stops_cleanly(one_rank_group):
+    """The grace bounds the vote, not the step: a step (or a save) still running GRACE_SECONDS
+    after SIGTERM is healthy work, and the vote after it agrees to stop."""
+    with runtime.PreemptionGuard(60) as guard:
+        assert guard.requested() == 0
+        _signal_self(signal.SIGTERM)
+        time.sleep(GRACE * 4)  # a slow step; a watchdog started by the signal would end it
+        assert guard.requested() == signal.SIGTERM
+        time.sleep(GRACE * 2)  # the save after the vote: no watchdog left either
+
+
+def test_a_vote_that_does_not_complete_ends_the_rank_after_the_grace(one_rank_group, monkeypatch):
+    def hung_vote(*args, **kwargs):
+        time.sleep(60)  # a peer that is gone: the collective never completes
+
+    with runtime.PreemptionGuard(60) as guard:
+        _signal_self(signal.SIGTERM)
+        monkeypatch.setattr(runtime.dist, "all_reduce", hung_vote)
+        begin = time.monotonic()
+        with pytest.raises(runtime.Preempted) as stopped:
+            guard.requested()
+    assert time.monotonic() - begin < GRACE + 5
+    assert stopped.value.step == -1 and stopped.value.code == 143
+    assert str(stopped.value) == (
+        f"SIGTERM: the ranks did not agree to stop within {GRACE} s (another rank is gone or "
+        "hung); not saved"
+    )
+
+
+def test_a_step_after_another_rank_of_the_node_died_ends_after_the_grace(
+    one_rank_group, monkeypatch
+):
+    """torchrun SIGTERMs the ranks when one failed and SIGKILLs them 30 s later: a rank still in
+    its step GRACE_SECONDS after that SIGTERM stops (and dumps) itself, before the SIGKILL."""
+    running = iter([2, 1])  # this node's ranks at the guard's start, then when the grace ends
+    count = staticmethod(lambda: next(running))
+    monkeypatch.setattr(runtime.PreemptionGuard, "_running_node_ranks", count)
+    with runtime.PreemptionGuard(60):
+        _signal_self(signal.SIGTERM)
+        with pytest.raises(runtime.Preempted) as stopped:
+            time.sleep(GRACE * 20)  # a stalled step
+    assert stopped.value.step == -1 and stopped.value.code == 143
+    assert str(stopped.value) == (
+        f"SIGTERM: another rank of this node is gone and this step did not finish within {GRACE} "
+        "s; not saved"
+    )
+
+
+def test_a_trainer_step_longer_than_the_grace_is_saved(tmp_path, monkeypatch):
+    """The trainer with a process group (one rank): SIGTERM during step 3, which takes longer
+    than the grace: step 3 is saved and the run stops with Preempted(3)."""
+    from tests.unit.test_train import make_trainer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+    for key, value in {**env, "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(runtime.PreemptionGuard, "GRACE_SECONDS", GRACE)
+    trainer = make_trainer(tmp_path, "--checkpoint.enable", "--checkpoint.interval=100")
+    step = trainer.train_step
+
+    def slow_step(data_iter):
+        if trainer.step == 3:
+            _signal_self(signal.SIGTERM)
+            time.sleep(GRACE * 4)
+        return step(data_iter)
+
+    monkeypatch.setattr(trainer, "train_step", slow_step)
+    try:
+        assert dist.is_initialized()
+        with pytest.raises(runtime.Preempted) as stopped:
+            trainer.train()
+    finally:
+        trainer.close()
+    assert stopped.value.step == 3 and stopped.value.code == 143
+    assert str(stopped.value) == "SIGTERM: stopping after step 3 (checkpoint step-3 saved)"
+    assert (tmp_path / "checkpoint" / "step-3").is_dir()
 
 
 def test_paths_in_errors_are_absolute(tmp_path, monkeypatch):

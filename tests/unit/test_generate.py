@@ -103,6 +103,33 @@ def test_top_k_sampling_is_seeded_and_stays_in_the_top_k():
     assert runs[0] == runs[1] != runs[2]
 
 
+def test_ids_past_the_tokenizer_are_never_sampled():
+    """A model with more outputs (5,000) than the bundled tokenizer has tokens (4,096), its
+    extra ids made the likeliest: greedy and top-k pick among the tokenizer's ids only, and
+    the text decodes (an id the tokenizer lacks would raise KeyError)."""
+    tokenizer = Tokenizer(ROOT / "torchtitan" / "assets" / "tokenizer.model")
+    known = tokenizer.vocab_size
+    model = small_model(vocab_size=5000)
+    with torch.no_grad():
+        model.output.weight[known:] *= 100.0
+    prompt = tokenizer.encode(PROMPT, bos=True)
+    assert next(generate_tokens(model, prompt, 1, greedy())) >= known  # what the limit stops
+    for sampling in (Sampling(temperature=0.0), Sampling(temperature=2.0, top_k=50, seed=1)):
+        options = generate.GenerateOptions(PROMPT, max_new_tokens=20, sampling=sampling)
+        job = generate.GenerationJob(
+            options, None, model.args, tokenizer, prompt, torch.device("cpu")
+        )
+        out = io.StringIO()
+        ids = generate.stream(job, model, out)
+        assert len(ids) == 20 and max(ids) < known, ids
+        assert out.getvalue() == PROMPT + tokenizer.decode(ids) + "\n"
+    logits = torch.zeros(5000)
+    logits[known:] = 10.0
+    sampler = TokenSampler(Sampling(temperature=1.0, top_k=0), vocab_size=known)
+    picks = {sampler(logits) for _ in range(50)}
+    assert max(picks) < known and len(picks) > 10
+
+
 def test_sampling_options_are_checked():
     with pytest.raises(ValueError, match="--temperature must be >= 0"):
         TokenSampler(Sampling(temperature=-1.0))
@@ -236,6 +263,7 @@ def error_cases(root) -> list[tuple[list[str], str]]:
         ([ckpt, "--temperature", "-1"], "--temperature must be >= 0"),
         ([ckpt, "--max_new_tokens", "0"], "--max_new_tokens must be >= 1"),
         ([ckpt, "--prompt"], "--prompt needs a value"),
+        ([ckpt, "--promt", "hi"], "unknown option --promt; did you mean --prompt?"),
         ([ckpt, "--training.stepz", "3"], "unknown config key 'training.stepz'"),
         ([ckpt, "--device", "tpu"], "--device must be auto, cpu, cuda or cuda:N"),
         ([ckpt, "--model.tokenizer_path", str(root / "no.model")], "tokenizer file not found"),

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from torchtitan.config import parse_args
+from torchtitan.config import ConfigError, parse_args
+from torchtitan.config.parse import take_flags
 from torchtitan.plan import main as plan_main
 from torchtitan.planning.command import planned_config, run_train_command
 from torchtitan.planning.hardware import make_hardware
@@ -102,7 +103,9 @@ def test_custom_card_and_nothing_fits(capsys):
         (["--gpus", "2"], "give --card"),
         (["--gpus", "2", "--tflops", "100"], "--memory-gib, --nvlink-gbps, --network-gbps"),
         (["--gpus", "2", "--card", "H100", "--memory-gib", "-1"], "--memory-gib must be positive"),
-        (["--gpu", "2"], "did you mean --gpus?"),
+        (["--gpu", "2"], "unknown option --gpu; did you mean --gpus?"),
+        (["--card", "H100", "--gpus"], "--gpus needs a value"),
+        (["--gpus=2", "--card", "H100", "--explain=maybe"], "--explain expects bool, got 'maybe'"),
         (
             ["--gpus", "2", "--card", "H100", "--training.stepz", "3"],
             "did you mean 'training.steps'",
@@ -114,6 +117,25 @@ def test_bad_arguments_are_one_line(capsys, argv, expected):
     assert plan_main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and expected in err, err
+
+
+def test_flags_are_taken_out_and_the_rest_is_left_for_the_config():
+    """The one flag splitter of torchtitan.plan and torchtitan.generate."""
+    flags = {"gpus": int, "explain": bool, "prompt": str}
+    argv = ["--gpus", "2", "--training.steps", "3", "--explain", "--prompt", "--x", "-h", "--help"]
+    assert take_flags(argv, flags) == (
+        {"gpus": 2, "explain": True, "prompt": "--x"},
+        ["--training.steps", "3", "-h", "--help"],
+    )
+    assert take_flags(["--gpus=4", "--explain=false", "--prompt="], flags)[0] == {
+        "gpus": 4,
+        "explain": False,
+        "prompt": "",
+    }
+    with pytest.raises(ConfigError, match=r"^unknown option --promt; did you mean --prompt\?$"):
+        take_flags(["--promt", "hi"], flags)
+    with pytest.raises(ConfigError, match=r"^unknown option --zzz; see --help$"):
+        take_flags(["--zzz"], flags)
 
 
 # ---------------------------------------------------------------- preflight memory check

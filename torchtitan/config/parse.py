@@ -1,14 +1,18 @@
 """Reading the config: defaults < TOML file < command-line overrides, each value coerced to its
 field's type (a ``Literal`` checked right away), unknown keys named with the closest valid one,
-then ``JobConfig.validate()``; ``--help`` lists every option with the values the TOML sets."""
+then ``JobConfig.validate()``; ``--help`` lists every option with the values the TOML sets.
+``take_flags`` takes a tool's own flags (``torchtitan.plan``, ``torchtitan.generate``) out of the
+command line first."""
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import sys
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -146,6 +150,37 @@ def _split_cli(argv: list[str]) -> list[tuple[str, object]]:
         pairs.append((key, value))
         i += 1
     return pairs
+
+
+def take_flags(argv: list[str], flags: Mapping[str, type]) -> tuple[dict[str, object], list[str]]:
+    """Take a tool's own flags out of ``argv``; -> (name -> value of its type, the rest for
+    ``parse_args``).
+
+    A flag is ``--name value`` or ``--name=value`` (a bool one may stand alone); its value is the
+    next argument whatever it looks like (a prompt may start with "--"). The rest keeps config
+    keys (``--section.key``: always a dot), their values and ``-h``/``--help``; any other
+    ``--name`` is a mistake, named with the closest flag."""
+    taken: dict[str, object] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, value = arg[2:].partition("=")
+        if not arg.startswith("--") or "." in name or arg == "--help":
+            rest.append(arg)
+        elif name not in flags:
+            close = difflib.get_close_matches(name, list(flags), n=1)
+            hint = f"; did you mean --{close[0]}?" if close else "; see --help"
+            raise ConfigError(f"unknown option --{name}{hint}")
+        elif eq or flags[name] is bool:
+            taken[name] = _coerce(name, value if eq else True, flags[name])
+        elif i + 1 < len(argv):
+            i += 1
+            taken[name] = _coerce(name, argv[i], flags[name])
+        else:
+            raise ConfigError(f"--{name} needs a value")
+        i += 1
+    return taken, rest
 
 
 def _read_toml(path: str) -> dict:

@@ -27,15 +27,20 @@ class Sampling:
 
 class TokenSampler:
     """Picks the next token from logits; sampling draws from a CPU generator seeded once, so a
-    seed gives the same tokens on every run (for the same logits)."""
+    seed gives the same tokens on every run (for the same logits). With ``vocab_size`` (the
+    tokenizer's), ids at and past it are never picked: a model may have more outputs than its
+    tokenizer has tokens, and the tokenizer cannot decode those."""
 
-    def __init__(self, sampling: Sampling):
+    def __init__(self, sampling: Sampling, vocab_size: int | None = None):
         sampling.validate()
         self.sampling = sampling
+        self.vocab_size = vocab_size
         self.generator = torch.Generator().manual_seed(sampling.seed)
 
     def __call__(self, logits: torch.Tensor) -> int:
         """logits: (vocab_size,) for the next position."""
+        if self.vocab_size is not None:
+            logits = logits[: self.vocab_size]  # a prefix: the ids stay the same
         if self.sampling.temperature == 0:
             return int(logits.argmax())
         logits = logits.float()
