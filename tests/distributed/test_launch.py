@@ -177,7 +177,7 @@ def test_run_train_sh_from_another_directory_reads_and_writes_there(tmp_path):
         [str(RUN_TRAIN), *common, "--training.dataset=data/docs.jsonl"], tmp_path, here, NGPU="1"
     )
     assert rc == 0, "\n".join(lines[-30:])
-    assert [r["step"] for r in read_metrics(here / "out")] == [1, 2]
+    assert [r["step"] for r in read_metrics(here / "out") if "loss" in r] == [1, 2]
     assert list((here / "out" / "logs").glob("*/*/attempt_0/0/stdout.log"))
     assert not (ROOT / "out").exists()
 

@@ -52,7 +52,8 @@ def validation_dataset(cfg: JobConfig) -> str:
         return f"{base}{SPLIT_SEPARATOR}{VALIDATION}"
     raise DataError(
         f"training.dataset {cfg.training.dataset!r} is a local path, which has no validation "
-        "split; set --validation.dataset to the held-out file or folder"
+        "split; set --validation.dataset to the held-out file or folder, or --validation.enable "
+        "false"
     )
 
 
