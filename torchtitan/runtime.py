@@ -49,8 +49,9 @@ def pick_device() -> torch.device:
 
 
 def new_run_id() -> str:
-    """Unique per launch (a quick restart must not append to the previous run's files)."""
-    return f"{datetime.now():%Y%m%d-%H%M%S}-{os.getpid()}"
+    """Unique per launch, sorting in launch order: a quick restart, or a second trainer in the
+    same process within the same second, must not append to the previous launch's files."""
+    return f"{datetime.now():%Y%m%d-%H%M%S-%f}-{os.getpid()}"
 
 
 def init_process(cfg: JobConfig, dims: ParallelDims, device: torch.device, rank: int) -> None:

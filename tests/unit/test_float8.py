@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy
 
 from torchtitan.config import ConfigError, Float8, parse_args
+from torchtitan.loss import ChunkedLossHead, use_chunked_loss_head
 from torchtitan.metrics import MetricsLogger, StepStats
 from torchtitan.models.llama3 import Transformer, get_model_args
 from torchtitan.parallel.activation_checkpoint import _ops_to_save, _selective_policy, apply_ac
@@ -144,6 +145,14 @@ def test_small_linears_are_skipped_by_default():
     assert conversion.skipped["layers.31.attention.wv"] == "4096->1024: too small to gain"
     assert too_small("tensorwise", 4096, 1024) and not too_small("tensorwise", 4096, 14336)
     assert too_small("rowwise", 4096, 2048) and not too_small("rowwise", 4096, 4096)
+
+
+def test_a_head_with_its_own_forward_stays_in_high_precision():
+    # The fused loss's head computes the loss in its forward; a float8 swap would drop that.
+    use_chunked_loss_head(model := meta_model(), chunk_tokens=8)
+    conversion = apply_float8(model, Float8(**EMULATED, filter_fqns=[]))
+    assert conversion.skipped == {"output": "a ChunkedLossHead, not a plain nn.Linear"}
+    assert type(model.output) is ChunkedLossHead
 
 
 def test_nothing_converted_warns(caplog):

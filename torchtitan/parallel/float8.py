@@ -104,11 +104,16 @@ def too_small(recipe: str, in_features: int, out_features: int) -> bool:
 
 def skip_reason(fqn: str, linear: nn.Linear, cfg: Float8) -> str | None:
     """Why ``linear`` stays in high precision, or None to convert it."""
+    reason = shape_skip_reason(fqn, linear.in_features, linear.out_features, cfg)
+    if reason is None and type(linear) is not nn.Linear:  # e.g. the fused loss's head
+        return f"a {type(linear).__name__}, not a plain nn.Linear"
+    return reason
+
+
+def shape_skip_reason(fqn: str, k: int, n: int, cfg: Float8) -> str | None:
+    """The rule on a ``k -> n`` linear's name and shape alone (what the planner can know)."""
     if any(name in fqn for name in cfg.filter_fqns):
         return "filter_fqns"
-    if type(linear) is not nn.Linear:  # e.g. the fused loss's head: its forward is its own
-        return f"a {type(linear).__name__}, not a plain nn.Linear"
-    k, n = linear.in_features, linear.out_features
     if k % 16 or n % 16:
         return f"{k}->{n}: dims not divisible by 16"
     if cfg.skip_small and too_small(cfg.recipe, k, n):

@@ -1,5 +1,5 @@
 """Which linears a ``[float8]`` job runs in float8, decided by the trainer's own rule
-(``torchtitan.parallel.float8.skip_reason``: ``filter_fqns``, dims divisible by 16, and with
+(``torchtitan.parallel.float8.shape_skip_reason``: ``filter_fqns``, dims divisible by 16, and with
 ``skip_small`` the GEMM shapes too small to gain) applied to the model's shapes. The rule is a
 pure function of a linear's FQN and shape, so the planner needs neither torchao nor a model.
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torchtitan.config import Float8
-from torchtitan.parallel.float8 import skip_reason
+from torchtitan.parallel.float8 import shape_skip_reason
 from torchtitan.planning.shapes import Shapes
 
 # A block linear's short name -> its FQN below the block; the head is "output".
@@ -30,7 +30,7 @@ HEAD = "output"
 
 @dataclass(frozen=True)
 class Float8Setting:
-    """The ``[float8]`` options the step model reads (field names as ``skip_reason`` reads them)."""
+    """The ``[float8]`` options the step model reads (named as ``shape_skip_reason`` reads them)."""
 
     recipe: str = "tensorwise"
     fsdp_float8_all_gather: bool = False
@@ -53,14 +53,6 @@ class Float8Setting:
         """Whether FSDP all-gathers the float8 linears' weights in float8 (1 byte each): the
         trainer turns it on only where FSDP shards (``float8_linear_config``)."""
         return self.fsdp_float8_all_gather and self.recipe == "tensorwise" and fsdp_degree > 1
-
-
-@dataclass(frozen=True)
-class _LinearShape:
-    """What ``skip_reason`` reads of an ``nn.Linear``."""
-
-    in_features: int
-    out_features: int
 
 
 def linear_features(model: Shapes) -> dict[str, tuple[int, int]]:
@@ -86,6 +78,6 @@ def converted_linears(setting: Float8Setting | None, model: Shapes) -> frozenset
     converted = set()
     for name, (k, n) in linear_features(model).items():
         fqn = HEAD if name == HEAD else f"layers.0.{BLOCK_LINEAR_FQNS[name]}"
-        if skip_reason(fqn, _LinearShape(k, n), setting) is None:
+        if shape_skip_reason(fqn, k, n, setting) is None:
             converted.add(name)
     return frozenset(converted)
