@@ -20,8 +20,12 @@ import contextlib
 import functools
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
+
+from torchtitan.parallel.vocab_parallel import VocabShard, vocab_sharded_operands
 
 IGNORE_INDEX = -100  # F.cross_entropy's default: label positions that do not count
 
@@ -51,13 +55,40 @@ def chunk_loss_and_grad(logits: torch.Tensor, labels: torch.Tensor):
     return loss, grad.to(logits.dtype)
 
 
+def sharded_chunk_loss_and_grad(logits: torch.Tensor, labels: torch.Tensor, shard: VocabShard):
+    """``chunk_loss_and_grad`` of logits that hold only this TP rank's vocabulary columns
+    ``[shard.start, shard.start + logits.shape[1])``: the softmax's max and sum, and each
+    label's logit, are reduced across ``shard.group``. -> (the chunk's summed loss, the same on
+    every rank; d loss / d these logits)."""
+    lf = logits.float()
+    keep = labels != IGNORE_INDEX
+    local = labels - shard.start
+    mine = keep & (local >= 0) & (local < lf.shape[1])
+    safe = torch.where(mine, local, 0)
+    peak = lf.amax(dim=-1)
+    dist.all_reduce(peak, dist.ReduceOp.MAX, group=shard.group)
+    exp_sum = torch.exp(lf - peak[:, None]).sum(dim=-1)
+    picked = torch.where(mine, lf.gather(1, safe[:, None]).squeeze(1), 0.0)
+    sums = torch.stack([exp_sum, picked])
+    dist.all_reduce(sums, group=shard.group)  # one collective for both sums
+    lse = peak + torch.log(sums[0])
+    loss = torch.where(keep, lse - sums[1], 0.0).sum()
+    grad = torch.exp(lf - lse[:, None])
+    grad = grad.scatter_add(1, safe[:, None], -mine[:, None].to(grad.dtype))
+    grad = grad * keep[:, None]
+    return loss, grad.to(logits.dtype)
+
+
 @functools.cache
 def _compiled_chunk_loss_and_grad():
     return torch.compile(chunk_loss_and_grad, dynamic=False)
 
 
-def _chunk_fn(device: torch.device):
-    """The chunk's softmax and gradient as fused GPU kernels; eager elsewhere."""
+def _chunk_fn(device: torch.device, shard: VocabShard | None):
+    """The chunk's softmax and gradient: as fused GPU kernels for whole-vocabulary logits; eager
+    on CPU and for vocabulary shards (whose collectives would split the compiled graph)."""
+    if shard is not None:
+        return functools.partial(sharded_chunk_loss_and_grad, shard=shard)
     return _compiled_chunk_loss_and_grad() if device.type == "cuda" else chunk_loss_and_grad
 
 
@@ -73,9 +104,9 @@ def _accumulate_weight_grad(acc: torch.Tensor, grad_logits: torch.Tensor, h: tor
 
 class _LinearCrossEntropySum(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, weight, labels, chunk_tokens):
+    def forward(ctx, h, weight, labels, chunk_tokens, shard):
         want_h, want_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        chunk = _chunk_fn(h.device)
+        chunk = _chunk_fn(h.device, shard)
         total = torch.zeros((), dtype=torch.float32, device=h.device)
         grad_h = torch.empty_like(h) if want_h else None
         grad_w = torch.zeros_like(weight, dtype=torch.float32) if want_w else None
@@ -98,24 +129,29 @@ class _LinearCrossEntropySum(torch.autograd.Function):
             grad_h = grad_h * grad_out.to(grad_h.dtype)
         if grad_w is not None:
             grad_w = (grad_w * grad_out).to(ctx.weight_dtype)
-        return grad_h, grad_w, None, None
+        return grad_h, grad_w, None, None, None
 
 
 def linear_cross_entropy_sum(
-    h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk_tokens: int
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    chunk_tokens: int,
+    shard: VocabShard | None = None,
 ) -> torch.Tensor:
     """Summed cross-entropy of ``h @ weight.T`` against ``labels``, ``chunk_tokens`` at a time.
 
     h (..., dim), weight (vocab, dim), labels (...) -> fp32 scalar; equal to
-    ``cross_entropy_sum(F.linear(h, weight), labels)`` and so are its gradients.
+    ``cross_entropy_sum(F.linear(h, weight), labels)`` and so are its gradients. With ``shard``,
+    ``weight`` holds only this TP rank's vocabulary rows and the loss is the whole vocabulary's;
+    the gradient of ``h`` is then this rank's share (the caller sums it across the ranks).
     """
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be positive; got {chunk_tokens}")
-    if hasattr(weight, "placements"):
+    if isinstance(weight, DTensor):
         raise ValueError(
-            "the fused loss needs the head's whole weight, but it is a sharded DTensor here "
-            "(tensor parallel, or an FSDP group that is not gathered at loss time); use the "
-            "unfused loss"
+            "the fused loss takes the head's weight as a local tensor, but got a DTensor "
+            f"({weight.placements}); pass its vocabulary shard (vocab_sharded_operands)"
         )
     device = h.device.type
     if torch.is_autocast_enabled(device):  # what autocast would do to F.linear's inputs
@@ -124,16 +160,19 @@ def linear_cross_entropy_sum(
     h, labels = h.reshape(-1, h.shape[-1]), labels.reshape(-1)
     with torch.autocast(device, enabled=False):
         if not torch.is_grad_enabled():  # validation: no gradients to precompute
-            return _chunked_loss_only(h, weight, labels, chunk_tokens)
-        return _LinearCrossEntropySum.apply(h, weight, labels, chunk_tokens)
+            return _chunked_loss_only(h, weight, labels, chunk_tokens, shard)
+        return _LinearCrossEntropySum.apply(h, weight, labels, chunk_tokens, shard)
 
 
-def _chunked_loss_only(h, weight, labels, chunk_tokens: int) -> torch.Tensor:
+def _chunked_loss_only(h, weight, labels, chunk_tokens: int, shard) -> torch.Tensor:
     total = torch.zeros((), dtype=torch.float32, device=h.device)
     for start in range(0, h.shape[0], chunk_tokens):
         rows = slice(start, start + chunk_tokens)
         logits = (h[rows] @ weight.t()).float()
-        total += F.cross_entropy(logits, labels[rows], reduction="sum")
+        if shard is None:
+            total += F.cross_entropy(logits, labels[rows], reduction="sum")
+        else:
+            total += sharded_chunk_loss_and_grad(logits, labels[rows], shard)[0]
     return total
 
 
@@ -151,6 +190,9 @@ class ChunkedLossHead(torch.nn.Linear):
     def forward(self, h: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         if labels is None:
             return super().forward(h)
+        if isinstance(self.weight, DTensor):  # tensor parallel: VocabShardedHead
+            h, weight, shard = vocab_sharded_operands(h, self.weight)
+            return linear_cross_entropy_sum(h, weight, labels, self.chunk_tokens, shard)
         return linear_cross_entropy_sum(h, self.weight, labels, self.chunk_tokens)
 
 

@@ -79,6 +79,14 @@ LAYOUTS = {
             "--training.loss_chunk_tokens=48",
         ],
     ),
+    "fsdp2_tp2_chunked_loss": (
+        4,
+        [
+            "--training.local_batch_size=4",
+            "--parallelism.tensor_parallel_degree=2",
+            "--training.loss_chunk_tokens=48",
+        ],
+    ),
     "fsdp2_tp2_compile_loss_selective_op": (
         4,
         [

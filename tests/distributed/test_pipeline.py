@@ -49,13 +49,15 @@ LAYOUTS = {
     ),
     "pp2_tp2_1f1b": (4, pp(2, "1F1B") + MB1 + ["--parallelism.tensor_parallel_degree=2"]),
     "pp2_1f1b_chunked_loss": (2, pp(2, "1F1B") + MB1 + ["--training.loss_chunk_tokens=40"]),
-    "pp2_fsdp2_tp2_interleaved": (
+    # The last stage's head split over TP ranks by vocabulary rows, with the fused chunked loss.
+    "pp2_fsdp2_tp2_interleaved_chunked_loss": (
         8,
         pp(2, "Interleaved1F1B")
         + [
             "--parallelism.pipeline_parallel_microbatch_size=1",
             "--training.local_batch_size=4",
             "--parallelism.tensor_parallel_degree=2",
+            "--training.loss_chunk_tokens=40",
         ],
     ),
 }

@@ -91,13 +91,19 @@ def test_rejects_bad_chunk():
         linear_cross_entropy_sum(h, w, labels, 0)
 
 
-def test_rejects_sharded_weight():
-    class FakeDTensor(torch.Tensor):
-        placements = ()
+def test_rejects_a_dtensor_weight(tmp_path):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor
 
     h, w, labels = inputs()
-    with pytest.raises(ValueError, match="sharded DTensor"):
-        linear_cross_entropy_sum(h, w.detach().as_subclass(FakeDTensor), labels, 4)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        dtensor = distribute_tensor(w.detach(), init_device_mesh("cpu", (1,)))
+        with pytest.raises(ValueError, match="pass its vocabulary shard"):
+            linear_cross_entropy_sum(h, dtensor, labels, 4)
+    finally:
+        dist.destroy_process_group()
 
 
 def test_chunked_loss_head_is_a_linear_that_can_return_the_loss():

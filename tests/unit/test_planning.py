@@ -87,6 +87,9 @@ def test_loss_bytes_and_the_chunked_loss():
     compiled = loss_peak_bytes_per_token(model, compiled_loss=True) * 8192
     assert fused < compiled
     assert fused_loss_peak_bytes(model, 100, 1024) < fused  # a chunk never exceeds the tokens
+    # Under TP each rank holds half the head's rows: its logits and weight gradient halve.
+    tp2 = fused_loss_peak_bytes(model, 8192, 1024, vocab_shards=2)
+    assert tp2 == 1024 * 64128 * 8 + 64128 * 4096 * 4 + 8192 * 4096 * (2 + 8)
 
 
 def test_fsdp_keeps_the_head_and_one_block_gathered_at_the_peak():

@@ -104,12 +104,3 @@ def test_chunked_loss_matches_the_logits_loss(tmp_path):
     plain.close()
     chunked.close()
     assert got == pytest.approx(expected, rel=1e-5)
-
-
-def test_chunked_loss_refuses_tensor_parallel():
-    from torchtitan.config import ConfigError
-
-    with pytest.raises(ConfigError, match="loss_chunk_tokens does not combine with tensor"):
-        parse_args(
-            [*TINY, "--training.loss_chunk_tokens=8", "--parallelism.tensor_parallel_degree=2"]
-        )

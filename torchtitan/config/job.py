@@ -6,7 +6,7 @@ import dataclasses
 import typing
 from dataclasses import dataclass, field
 
-from torchtitan.config.base import _check, _toml_value
+from torchtitan.config.base import _toml_value
 from torchtitan.config.sections import (
     ActivationCheckpoint,
     Checkpoint,
@@ -44,14 +44,9 @@ class JobConfig:
 
     def validate(self) -> None:
         """Checks that need nothing but the config itself (no files, no devices): each
-        section's, then those across sections."""
+        section's. Checks across sections and against the world size: ``preflight.check_job``."""
         for section in dataclasses.fields(self):
             getattr(self, section.name).validate()
-        _check(
-            self.training.loss_chunk_tokens == 0 or self.parallelism.tensor_parallel_degree == 1,
-            "--training.loss_chunk_tokens does not combine with tensor parallelism (loss parallel "
-            "already splits the logits over the TP ranks); set it to 0",
-        )
 
     def to_toml(self) -> str:
         lines = []

@@ -132,7 +132,7 @@ class Training(Section):
     loss_chunk_tokens: int = opt(
         0,
         "fuse the output head with the loss, computed this many tokens at a time, so the whole "
-        "logits tensor never exists; 0 = off (not with tensor parallel)",
+        "logits tensor never exists; 0 = off",
     )
 
     def validate(self) -> None:

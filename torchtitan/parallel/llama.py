@@ -33,6 +33,7 @@ from torchtitan.parallel.compile import apply_compile
 from torchtitan.parallel.float8 import apply_float8, float8_tp_plan, float8_tp_styles
 from torchtitan.parallel.fsdp import apply_fsdp
 from torchtitan.parallel.tensor_parallel import apply_tp, enable_async_tp
+from torchtitan.parallel.vocab_parallel import VocabShardedHead
 
 if TYPE_CHECKING:  # only annotations: keeps the config module free to import parallel/ modules
     from torchtitan.config import JobConfig
@@ -77,17 +78,25 @@ def llama_block_plan(float8: bool = False) -> dict[str, ParallelStyle]:
     }
 
 
-def llama_root_plan(loss_parallel: bool = True) -> dict[str, ParallelStyle]:
+def llama_root_plan(
+    loss_parallel: bool = True, fused_loss: bool = False
+) -> dict[str, ParallelStyle]:
     """TP + SP for the embedding, final norm and head. With ``loss_parallel`` the head leaves the
-    logits sharded on the vocabulary (Shard(-1)) so the loss is computed without gathering them."""
-    return {
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-        "norm": SequenceParallel(),
-        "output": ColwiseParallel(
+    logits sharded on the vocabulary (Shard(-1)) so the loss is computed without gathering them.
+    A fused loss head (``ChunkedLossHead``) computes its vocabulary shard's share of the loss
+    itself: only its weight is sharded."""
+    if fused_loss:
+        head = VocabShardedHead()
+    else:
+        head = ColwiseParallel(
             input_layouts=Shard(1),
             output_layouts=Shard(-1) if loss_parallel else Replicate(),
             use_local_output=not loss_parallel,
-        ),
+        )
+    return {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": head,
     }
 
 
@@ -98,7 +107,9 @@ def parallelize_llama(model: nn.Module, dims: ParallelDims, cfg: JobConfig, devi
     if cfg.float8.enable:  # first: TP styles and FSDP wrap the swapped-in Float8Linear modules
         apply_float8(model, cfg.float8, fsdp_sharded=dims.fsdp_degree > 1)
     if dims.tp > 1:
-        root_plan = llama_root_plan(not p.disable_loss_parallel)
+        root_plan = llama_root_plan(
+            not p.disable_loss_parallel, fused_loss=cfg.training.loss_chunk_tokens > 0
+        )
         block_plan = llama_block_plan(float8_tp_plan(model, cfg.float8, device_type, LLAMA_BLOCKS))
         apply_tp(model, dims.mesh("tp"), root_plan, block_plan, LLAMA_BLOCKS)
         if p.enable_async_tensor_parallel:

@@ -145,13 +145,17 @@ FUSED_LOSS_WEIGHT_GRAD_BYTES = 4.0
 FUSED_LOSS_INPUT_GRAD_BYTES = 2.0
 
 
-def fused_loss_peak_bytes(model: ModelArgs | Shapes, tokens: float, chunk_tokens: int) -> float:
-    """Peak bytes of the fused head + loss over ``tokens`` tokens, ``chunk_tokens`` at a time."""
+def fused_loss_peak_bytes(
+    model: ModelArgs | Shapes, tokens: float, chunk_tokens: int, vocab_shards: int = 1
+) -> float:
+    """Peak bytes of the fused head + loss over ``tokens`` tokens, ``chunk_tokens`` at a time;
+    under TP each rank holds ``1 / vocab_shards`` of the head's rows (``VocabShardedHead``)."""
     w = shapes(model)
     chunk = min(chunk_tokens, tokens)
+    vocab = w.vocab / vocab_shards
     return (
-        chunk * w.vocab * FUSED_LOSS_BYTES_PER_CHUNK_VOCAB
-        + w.vocab * w.dim * FUSED_LOSS_WEIGHT_GRAD_BYTES
+        chunk * vocab * FUSED_LOSS_BYTES_PER_CHUNK_VOCAB
+        + vocab * w.dim * FUSED_LOSS_WEIGHT_GRAD_BYTES
         + tokens * w.dim * (FUSED_LOSS_INPUT_GRAD_BYTES + FINAL_NORM_BYTES_PER_DIM)
     )
 

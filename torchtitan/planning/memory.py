@@ -228,8 +228,8 @@ def _loss_or_recompute(work: Workload, layout: Layout, stages: RankStages) -> tu
     recompute = recompute_bytes_per_token(work.shape, kind, **_block_kwargs(work, layout)) * tokens
     if not stages.head:
         return "block recompute", recompute
-    if work.loss_chunk_tokens and layout.tp == 1:
-        loss = fused_loss_peak_bytes(work.shape, tokens, work.loss_chunk_tokens)
+    if work.loss_chunk_tokens:
+        loss = fused_loss_peak_bytes(work.shape, tokens, work.loss_chunk_tokens, layout.tp)
     else:
         compiled_loss = work.compile and work.compile_loss
         shards = layout.tp if work.loss_parallel else 1
