@@ -12,7 +12,8 @@ amplify it: a value within fp32 rounding of an e4m3 rounding boundary lands on t
 moving by an ulp of e4m3 (2^-3 to 2^-4 of itself) instead of 1e-7. Measured over the 4 steps
 (torch 2.13, 2-core CPU), largest relative deviation of loss / grad norm: FSDP2 1.1e-7 / 4.3e-6,
 FSDP2xTP2 with selective AC 5.5e-6 / 1.7e-5, HSDP 2x2 1.1e-7 / 9.5e-7, PP2 (Interleaved1F1B and
-ZBVZeroBubble) 0 / 2.2e-16. RTOL = 1e-4 leaves 6x headroom. CP2 scales each rank's half of the
+ZBVZeroBubble) 0 / 2.2e-16, rowwise FSDP2xTP2 with full AC against rowwise at batch 8 5.1e-6 /
+6.0e-5. RTOL = 1e-4 leaves 6x headroom (1.7x for rowwise). CP2 scales each rank's half of the
 sequence on its own (6.7e-6 / 7.4e-5), so it gets CP_RTOL = 3e-4. What it tells
 apart (measured over the first 4 steps of a 6-step run): scaling activations over batch 8 at
 once moves the curves by up to 2e-4 (grad norm), training without float8 by up to 9e-4; a
@@ -144,6 +145,25 @@ def test_cp2_matches_single_process_within_shard_scaling(seed_checkpoint, refere
         f"--checkpoint.initial_load_path={seed_checkpoint}",
     )
     assert_matches(tmp_path, reference, rtol=CP_RTOL)
+
+
+def test_rowwise_fsdp2_tp2_full_ac_matches_single_process(seed_checkpoint, tmp_path):
+    """Rowwise scales are per row of each matmul operand (a token's activations, a weight's
+    output row), so no layout or batch grouping changes them: the reference trains batch 8."""
+    rowwise = [
+        *FLOAT8,
+        "--float8.recipe=rowwise",
+        f"--checkpoint.initial_load_path={seed_checkpoint}",
+    ]
+    train(1, tmp_path / "one", *rowwise, "--training.local_batch_size=8")
+    train(
+        4,
+        tmp_path / "fsdp2_tp2",
+        *rowwise,
+        "--parallelism.tensor_parallel_degree=2",
+        "--activation_checkpoint.mode=full",
+    )
+    assert_matches(tmp_path / "fsdp2_tp2", tmp_path / "one")
 
 
 def test_resume_is_bitwise(fsdp2, tmp_path):
