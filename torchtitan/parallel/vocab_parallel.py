@@ -29,8 +29,8 @@ from torch.distributed.tensor.parallel import ParallelStyle
 
 @dataclass(frozen=True)
 class VocabShard:
-    """This rank's rows ``[start, start + size)`` of the vocabulary, and the TP group that holds
-    the rest."""
+    """Where this rank's rows of the vocabulary begin (its local weight holds the next
+    ``weight.shape[0]``), and the TP group that holds the rest."""
 
     start: int
     group: dist.ProcessGroup
