@@ -48,11 +48,7 @@ def chunk_loss_and_grad(logits: torch.Tensor, labels: torch.Tensor):
     safe = torch.where(keep, labels, 0)
     lse = torch.logsumexp(lf, dim=-1)
     picked = lf.gather(1, safe[:, None]).squeeze(1)
-    loss = torch.where(keep, lse - picked, 0.0).sum()
-    grad = torch.exp(lf - lse[:, None])
-    grad = grad.scatter_add(1, safe[:, None], -keep[:, None].to(grad.dtype))
-    grad = grad * keep[:, None]
-    return loss, grad.to(logits.dtype)
+    return _loss_and_grad(lf, lse, picked, keep, safe, keep, logits.dtype)
 
 
 def sharded_chunk_loss_and_grad(logits: torch.Tensor, labels: torch.Tensor, shard: VocabShard):
@@ -72,11 +68,17 @@ def sharded_chunk_loss_and_grad(logits: torch.Tensor, labels: torch.Tensor, shar
     sums = torch.stack([exp_sum, picked])
     dist.all_reduce(sums, group=shard.group)  # one collective for both sums
     lse = peak + torch.log(sums[0])
-    loss = torch.where(keep, lse - sums[1], 0.0).sum()
+    return _loss_and_grad(lf, lse, sums[1], keep, safe, mine, logits.dtype)
+
+
+def _loss_and_grad(lf, lse, picked, keep, safe, in_columns, dtype):
+    """The chunk's summed loss (``keep``: the labels that count) and its gradient
+    ``softmax - one_hot(label)``, where the label's column is ``safe`` for the rows
+    ``in_columns`` (its column is among these logits)."""
+    loss = torch.where(keep, lse - picked, 0.0).sum()
     grad = torch.exp(lf - lse[:, None])
-    grad = grad.scatter_add(1, safe[:, None], -mine[:, None].to(grad.dtype))
-    grad = grad * keep[:, None]
-    return loss, grad.to(logits.dtype)
+    grad = grad.scatter_add(1, safe[:, None], -in_columns[:, None].to(grad.dtype))
+    return loss, (grad * keep[:, None]).to(dtype)
 
 
 @functools.cache
