@@ -1,4 +1,4 @@
-"""``JobConfig``: every section, the checks across sections, and the TOML it saves."""
+"""``JobConfig``: every section, and the TOML it saves."""
 
 from __future__ import annotations
 
