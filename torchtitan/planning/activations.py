@@ -23,8 +23,6 @@ from torchtitan.models.llama3 import ModelArgs
 from torchtitan.planning import calibration as cal
 from torchtitan.planning.shapes import Shapes, shapes
 
-MODES = ("none", "all", "alternate", "full")
-
 # (saved tensor, width per token, sharded by TP, the modes that keep it, the linears that use
 # it). Widths are names of Shapes fields. Under TP, "sharded" tensors hold 1/tp of their width
 # (heads, FFN columns, or the sequence for the SP residual stream); the others are full (the

@@ -11,13 +11,11 @@ from torchtitan.config import JobConfig, parse_args
 from torchtitan.planning.hardware import Hardware
 from torchtitan.planning.layout import Layout
 
-# What every planned job turns on: the estimates are calibrated with compiled blocks and loss.
-RECOMMENDED = {"compile.enable": True, "compile.loss": True}
-
 
 def planned_config(cfg: JobConfig, layout: Layout, global_batch: int) -> JobConfig:
-    """``cfg`` running ``layout`` with ``global_batch`` samples per step and the RECOMMENDED
-    options on. data_parallel_shard_degree -1 and global_batch_size -1 stay where they mean the
+    """``cfg`` running ``layout`` with ``global_batch`` samples per step, and with
+    ``compile.enable`` and ``compile.loss`` on (the estimates are calibrated with compiled blocks
+    and loss). data_parallel_shard_degree -1 and global_batch_size -1 stay where they mean the
     same; async TP stays on only with TP."""
     job = layout.apply_to(cfg)
     p, t = job.parallelism, job.training

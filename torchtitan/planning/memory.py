@@ -135,6 +135,13 @@ def unit_gather_bytes(work: Workload, layout: Layout) -> tuple[float, float, flo
     )
 
 
+def rank_gather_bytes(work: Workload, layout: Layout, stages: RankStages) -> float:
+    """Bytes FSDP all-gathers for every group a rank holds (its blocks, embedding, head)."""
+    block, embedding, head = unit_gather_bytes(work, layout)
+    total = stages.n_blocks * block
+    return total + (embedding if stages.embedding else 0) + (head if stages.head else 0)
+
+
 def _working_weights(work: Workload, layout: Layout, stages: RankStages) -> float:
     """bf16 copies of the weights alive at the peak.
 
@@ -146,13 +153,13 @@ def _working_weights(work: Workload, layout: Layout, stages: RankStages) -> floa
     """
     if not work.bf16:
         return 0.0
-    block, embedding, head = unit_gather_bytes(work, layout)
+    block, _, head = unit_gather_bytes(work, layout)
     head = head if stages.head else 0.0
     if not layout.data_parallel:
         return 0.0 if HEAD in work.float8_linears else head
     keep_all = layout.pp > 1 and work.reshard_policy != "always"
     if keep_all or work.reshard_policy == "never":
-        return stages.n_blocks * block + (embedding if stages.embedding else 0.0) + head
+        return rank_gather_bytes(work, layout, stages)
     return head + block
 
 

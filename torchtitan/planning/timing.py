@@ -14,7 +14,7 @@ from torchtitan.planning.activations import ac_kind
 from torchtitan.planning.float8 import HEAD
 from torchtitan.planning.hardware import Hardware
 from torchtitan.planning.layout import Layout, Workload
-from torchtitan.planning.memory import param_counts, rank_params, unit_gather_bytes
+from torchtitan.planning.memory import param_counts, rank_gather_bytes, rank_params
 from torchtitan.planning.schedules import RankStages, bubble_fraction, rank_stages
 from torchtitan.planning.shapes import Shapes
 
@@ -104,12 +104,6 @@ def _ring_seconds(nbytes: float, group: int, gbps: float) -> float:
     return nbytes * (group - 1) / group / (gbps * 1e9 * cal.LINK_EFFICIENCY)
 
 
-def _rank_gather_bytes(work: Workload, layout: Layout, stages: RankStages) -> float:
-    block, embedding, head = unit_gather_bytes(work, layout)
-    total = stages.n_blocks * block
-    return total + (embedding if stages.embedding else 0) + (head if stages.head else 0)
-
-
 def _fsdp_seconds(work: Workload, layout: Layout, hw: Hardware, stages: RankStages) -> tuple:
     """(total, not overlappable) seconds of FSDP/HSDP/DDP traffic per step."""
     if not layout.data_parallel:
@@ -124,7 +118,7 @@ def _fsdp_seconds(work: Workload, layout: Layout, hw: Hardware, stages: RankStag
         else work.accum_steps(layout) * (1 if work.reshard_policy == "never" else 2)
     )
     reduces = 1 if layout.pp > 1 else work.accum_steps(layout)
-    gather = _ring_seconds(_rank_gather_bytes(work, layout, stages), n, shard_bw)
+    gather = _ring_seconds(rank_gather_bytes(work, layout, stages), n, shard_bw)
     reduce = _ring_seconds(grad_bytes * params, n, shard_bw)
     total = gathers * gather + reduces * reduce
     r = layout.dp_replicate
