@@ -153,10 +153,7 @@ def gradient_accumulation_steps(cfg: JobConfig, dp_degree: int) -> int:
 
 def check_job(cfg: JobConfig, world_size: int) -> CheckedJob:
     cfg.validate()  # parse_args did; a config built in Python has not been checked
-    try:
-        model_args = model_args_for_job(cfg)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    model_args = model_args_for_job(cfg)
     dims = check_parallelism(cfg, model_args, world_size)
     check_float8(cfg.float8)
     check_checkpoint(cfg, model_args, world_size)

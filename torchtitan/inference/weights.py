@@ -91,10 +91,7 @@ def model_args_for(source: WeightsSource, cfg: JobConfig) -> ModelArgs:
             return hf.inspect_hf_checkpoint(source.path).args
         except ValueError as e:
             raise ConfigError(f"HF folder {source.path}: {e}") from None
-    try:
-        args = model_args_for_job(cfg)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    args = model_args_for_job(cfg)
     check_dcp_shapes(source.path, args, cfg.model.flavor)
     return args
 

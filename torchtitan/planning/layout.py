@@ -8,7 +8,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from torchtitan.config import ConfigError, JobConfig
+from torchtitan.config import JobConfig
 from torchtitan.models.llama3 import ModelArgs, model_args_for_job
 from torchtitan.parallel.dims import DerivedDegrees
 from torchtitan.planning.float8 import Float8Setting, converted_linears
@@ -163,12 +163,8 @@ class Workload:
         """The config's workload; the model's shape as the trainer builds it (flavor + the
         ``[model]`` overrides); a bad shape raises ConfigError."""
         t, p = cfg.training, cfg.parallelism
-        try:
-            model = model_args_for_job(cfg)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
         return cls(
-            model=model,
+            model=model_args_for_job(cfg),
             seq_len=t.seq_len,
             global_batch_size=t.global_batch_size,
             bf16=t.mixed_precision_param == "bfloat16",

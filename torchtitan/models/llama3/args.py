@@ -3,7 +3,7 @@
 import dataclasses
 from dataclasses import dataclass
 
-from torchtitan.config import JobConfig, suggest
+from torchtitan.config import ConfigError, JobConfig, suggest
 
 
 @dataclass(kw_only=True)
@@ -172,13 +172,12 @@ def get_model_args(flavor: str, **overrides) -> ModelArgs:
 
 def model_args_for_job(cfg: JobConfig) -> ModelArgs:
     """The job's model: its flavor with the ``[model]`` shape overrides, the RoPE cache sized for
-    ``training.seq_len``; validated (ValueError, one line). Preflight, the trainer and the
+    ``training.seq_len``; validated (ConfigError, one line). Preflight, the trainer and the
     planner all build the model's shape here."""
     overrides = cfg.model.shape_overrides()
     try:
         return get_model_args(cfg.model.flavor, max_seq_len=cfg.training.seq_len, **overrides)
     except ValueError as e:
-        if not overrides:
-            raise
         changed = ", ".join(f"{k}={v}" for k, v in overrides.items())
-        raise ValueError(f"{e} (flavor {cfg.model.flavor} with {changed})") from None
+        where = f" (flavor {cfg.model.flavor} with {changed})" if overrides else ""
+        raise ConfigError(f"{e}{where}") from None
