@@ -74,6 +74,11 @@ def resume_lr_scheduler(scheduler, saved: dict) -> None:
         )
     else:
         scheduler.load_state_dict(saved)
+    apply_schedule_lr(scheduler)
+
+
+def apply_schedule_lr(scheduler) -> None:
+    """Set the scheduler's optimizer's lr to the schedule's lr for the next step."""
     for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr()):
         group["lr"] = lr
 

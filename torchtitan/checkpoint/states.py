@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.stateful import Stateful
 
 from torchtitan.config import ExcludableState, choices
-from torchtitan.optim import resume_lr_scheduler
+from torchtitan.optim import apply_schedule_lr, resume_lr_scheduler
 from torchtitan.parallel.float8 import plain_weights
 
 STATES = ("model", *choices(ExcludableState))
@@ -166,8 +166,7 @@ class LRSchedulerState(BlobState):
     def apply_to_optimizers(self) -> None:
         """Set each optimizer's lr to its schedule's lr for the next step."""
         for scheduler in self.schedulers:
-            for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr()):
-                group["lr"] = lr
+            apply_schedule_lr(scheduler)
 
 
 def _as_list(things) -> list:
