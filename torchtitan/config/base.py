@@ -51,7 +51,8 @@ def choices(alias) -> tuple[str, ...]:
 def suggest(name: str, candidates: Iterable[str]) -> str:
     """``"; did you mean 'x'?"`` for the candidate closest to ``name`` (ignoring case), or ``""``.
 
-    The one "did you mean" of the project: config keys and values, model flavors and fields.
+    The "did you mean" of config keys and values, model flavors and fields. (The scripts' own
+    ``--flags`` get theirs in ``parse.take_flags``, worded as the flag: "did you mean --x?".)
     """
     by_folded = {c.lower(): c for c in candidates}
     close = difflib.get_close_matches(str(name).lower(), list(by_folded), n=1, cutoff=0.5)

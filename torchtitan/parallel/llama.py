@@ -1,8 +1,9 @@
 """Everything Llama-specific about parallelizing: module names, the TP/SP plans, and
 ``parallelize_llama``, the one composition the trainer calls.
 
-The helpers it composes (``apply_tp``, ``apply_ac``, ``apply_compile``, ``apply_fsdp``,
-``build_stage_module``) know nothing about Llama; this module tells them Llama's names and plans.
+The helpers it composes (``apply_tp``, ``apply_ac``, ``apply_compile``, ``apply_fsdp``) and the
+pipeline split (``build_stage_module``) take the module names and plans as arguments (Llama's
+names are their defaults).
 
 Composition order: float8 linears (optional) -> TP/SP (+ loss parallel, async TP) -> activation
 checkpointing -> per-block compile -> FSDP2 (or HSDP / DDP). Float8 conversion swaps modules,
