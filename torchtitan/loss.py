@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -57,6 +58,25 @@ def sharded_chunk_loss_and_grad(logits: torch.Tensor, labels: torch.Tensor, shar
     label's logit, are reduced across ``shard.group``. -> (the chunk's summed loss, the same on
     every rank; d loss / d these logits)."""
     lf = logits.float()
+    s = _sharded_softmax_stats(lf, labels, shard)
+    return _loss_and_grad(lf, s.lse, s.picked, s.keep, s.safe, s.in_columns, logits.dtype)
+
+
+def sharded_chunk_loss(logits: torch.Tensor, labels: torch.Tensor, shard: VocabShard):
+    """The loss of ``sharded_chunk_loss_and_grad`` alone (validation: no gradient)."""
+    s = _sharded_softmax_stats(logits.float(), labels, shard)
+    return torch.where(s.keep, s.lse - s.picked, 0.0).sum()
+
+
+class _SoftmaxStats(NamedTuple):
+    lse: torch.Tensor  # per row: log-sum-exp over the whole vocabulary
+    picked: torch.Tensor  # per row: the label's logit (0 where ignored)
+    keep: torch.Tensor  # the rows whose label counts
+    safe: torch.Tensor  # the label's column in these logits (0 where not in_columns)
+    in_columns: torch.Tensor  # the rows whose label is among these logits' columns
+
+
+def _sharded_softmax_stats(lf: torch.Tensor, labels: torch.Tensor, shard: VocabShard):
     keep = labels != IGNORE_INDEX
     local = labels - shard.start
     mine = keep & (local >= 0) & (local < lf.shape[1])
@@ -67,8 +87,7 @@ def sharded_chunk_loss_and_grad(logits: torch.Tensor, labels: torch.Tensor, shar
     picked = torch.where(mine, lf.gather(1, safe[:, None]).squeeze(1), 0.0)
     sums = torch.stack([exp_sum, picked])
     dist.all_reduce(sums, group=shard.group)  # one collective for both sums
-    lse = peak + torch.log(sums[0])
-    return _loss_and_grad(lf, lse, sums[1], keep, safe, mine, logits.dtype)
+    return _SoftmaxStats(peak + torch.log(sums[0]), sums[1], keep, safe, mine)
 
 
 def _loss_and_grad(lf, lse, picked, keep, safe, in_columns, dtype):
@@ -174,7 +193,7 @@ def _chunked_loss_only(h, weight, labels, chunk_tokens: int, shard) -> torch.Ten
         if shard is None:
             total += F.cross_entropy(logits, labels[rows], reduction="sum")
         else:
-            total += sharded_chunk_loss_and_grad(logits, labels[rows], shard)[0]
+            total += sharded_chunk_loss(logits, labels[rows], shard)
     return total
 
 
