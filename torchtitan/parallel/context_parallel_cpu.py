@@ -16,6 +16,7 @@ and ``torch.distributed.tensor._op_schema.RuntimeSchemaInfo``.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from types import ModuleType
 from typing import Any
@@ -36,8 +37,10 @@ _CP_MODULES = (
 )
 
 
+@functools.cache
 def torch_cp_module() -> ModuleType:
-    """PyTorch's CP implementation module."""
+    """PyTorch's CP implementation module (looked up once: the ring handlers ask on every
+    attention call)."""
     for name in _CP_MODULES:
         try:
             return importlib.import_module(name)
