@@ -37,6 +37,13 @@ from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
+STOP_SIGNAL_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
+
+
+def stop_signal_name(signum: int) -> str:
+    return STOP_SIGNAL_NAMES.get(signum, signal.Signals(signum).name)
+
+
 # What a rank's line says about the job (torchtitan/exits.py writes it), most telling first: the
 # launcher shows a line of the first kind here that a rank reported, the earliest of them. A
 # communication failure is usually the consequence of another rank's error, a stop that of a
@@ -197,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         ending = most_telling(from_error_files(log_dir, started)) if log_dir else None
         code = 128 + int(e.sigval)
         if ending is None:
-            name = "Ctrl-C" if e.sigval == signal.SIGINT else signal.Signals(e.sigval).name
-            ending = RankEnding(0, code, f"{name}: stopped", KINDS[2], time.time(), None)
+            stopped = f"{stop_signal_name(e.sigval)}: stopped"
+            ending = RankEnding(0, code, stopped, KINDS[2], time.time(), None)
             several_ranks = False
     finally:
         signal.signal(signal.SIGINT, previous)

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from torchtitan.config import JobConfig
-from torchtitan.launch import child_pids
+from torchtitan.launch import STOP_SIGNAL_NAMES, child_pids, stop_signal_name
 from torchtitan.observability import flight_recorder
 from torchtitan.parallel.compile import use_per_rank_compile_cache
 from torchtitan.parallel.dims import ParallelDims
@@ -84,13 +84,6 @@ def shutdown_process() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
     gc.enable()
-
-
-STOP_SIGNAL_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "Ctrl-C"}
-
-
-def stop_signal_name(signum: int) -> str:
-    return STOP_SIGNAL_NAMES.get(signum, signal.Signals(signum).name)
 
 
 class Preempted(SystemExit):
