@@ -1,7 +1,6 @@
 # Side-by-side helpers for a GPU machine (run from the repo root; needs .peer/ from ../shared/peer/build.sh).
 # ref NAME GPUS ARGS / ours NAME GPUS ARGS run one side on the listed GPUs (1-GPU runs can go concurrently);
 # each prints the last metrics line (step 30 or 20); logs go to $OUT/logs, packed by `pack`.
-# Helpers for side-by-side GPU calls: source from the repo root on the GPU machine.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTORCH_ALLOC_CONF="expandable_segments:True"
 root=$PWD; peer=$root/.peer; site=/tmp/peer_site; out=${OUT:-/tmp}; mkdir -p $out/logs
