@@ -52,8 +52,7 @@ def _current(cfg, plan, hw) -> Candidate:
     reason = check_job(cfg, layout, hw.world_size, plan.workload.model)
     if reason:
         return Candidate(layout, reason=reason)
-    work = Workload.from_config(cfg).with_(global_batch_size=plan.global_batch)
-    return evaluate(work, layout, hw)
+    return evaluate(Workload.from_config(cfg), layout, hw)
 
 
 def run(argv: list[str]) -> str:

@@ -13,7 +13,7 @@ from torchtitan.planning.command import diff_args, planned_config
 from torchtitan.planning.hardware import CARDS, GIB, Hardware, card_for_device_name, make_hardware
 from torchtitan.planning.layout import Layout, Workload
 from torchtitan.planning.memory import MemoryEstimate, estimate_memory
-from torchtitan.planning.search import kept_global_batch, search
+from torchtitan.planning.search import search
 
 STOP_RATIO = 1.1  # stop when the estimate exceeds the GPU's memory by more than this
 
@@ -33,8 +33,7 @@ def local_hardware(world_size: int) -> Hardware:
 
 def job_estimate(cfg: JobConfig, world_size: int) -> MemoryEstimate:
     layout = Layout.from_config(cfg, world_size)
-    work = Workload.from_config(cfg).with_(global_batch_size=kept_global_batch(cfg, world_size))
-    return estimate_memory(work, layout)
+    return estimate_memory(Workload.from_config(cfg), layout)
 
 
 def suggestion(cfg: JobConfig, hw: Hardware) -> str:

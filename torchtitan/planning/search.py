@@ -44,10 +44,14 @@ class Candidate:
 @dataclass
 class Plan:
     hardware: Hardware
-    workload: Workload
-    global_batch: int  # samples per optimizer step, kept by every layout
+    workload: Workload  # its global_batch_size is fixed: every layout keeps it
     fits: list[Candidate] = field(default_factory=list)  # best first
     rejected: list[Candidate] = field(default_factory=list)
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step, kept by every layout."""
+        return self.workload.global_batch_size
 
 
 def _divisors(n: int) -> list[int]:
@@ -64,14 +68,6 @@ def degree_tuples(world: int) -> list[tuple[int, int, int, int, int]]:
                 for rep in _divisors(rest):
                     out.append((pp, rep, rest // rep, cp, tp))
     return out
-
-
-def kept_global_batch(cfg: JobConfig, world: int) -> int:
-    """The global batch every layout keeps: the configured one, or what the config's own
-    layout would run on this many GPUs (local batch x its data-parallel degree)."""
-    if cfg.training.global_batch_size > 0:
-        return cfg.training.global_batch_size
-    return cfg.training.local_batch_size * Layout.from_config(cfg, world).dp_degree
 
 
 def _structures(world: int, global_batch: int):
@@ -123,8 +119,9 @@ def evaluate(work: Workload, layout: Layout, hw: Hardware) -> Candidate:
 def search(cfg: JobConfig, work: Workload, hw: Hardware) -> Plan:
     """Every valid layout of ``cfg`` on ``hw``: those that fit ranked by tokens/s per GPU."""
     world = hw.world_size
-    global_batch = kept_global_batch(cfg, world)
-    plan = Plan(hw, work.with_(global_batch_size=global_batch), global_batch)
+    # Every layout keeps the configured global batch, or what the config's own layout runs.
+    global_batch = work.global_samples(Layout.from_config(cfg, world))
+    plan = Plan(hw, work.with_(global_batch_size=global_batch))
     for structure in _structures(world, global_batch):
         job = planned_config(cfg, structure, global_batch)
         reason = check_job(job, structure, world, work.model)
