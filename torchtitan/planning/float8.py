@@ -57,17 +57,7 @@ class Float8Setting:
 
 def linear_features(model: Shapes) -> dict[str, tuple[int, int]]:
     """(in_features, out_features) of each block linear and of the head."""
-    d, q, kv, f = model.dim, model.q, model.kv, model.ffn
-    return {
-        "wq": (d, q),
-        "wk": (d, kv),
-        "wv": (d, kv),
-        "wo": (q, d),
-        "w1": (d, f),
-        "w2": (f, d),
-        "w3": (d, f),
-        HEAD: (d, model.vocab),
-    }
+    return {**model.linear_features, HEAD: (model.dim, model.vocab)}
 
 
 def converted_linears(setting: Float8Setting | None, model: Shapes) -> frozenset[str]:

@@ -21,18 +21,23 @@ class Shapes:
     vocab: int
 
     @property
-    def linears(self) -> dict[str, int]:
-        """Weights of a block's projections, by name."""
+    def linear_features(self) -> dict[str, tuple[int, int]]:
+        """(in_features, out_features) of a block's projections, by name."""
         d, q, kv, f = self.dim, self.q, self.kv, self.ffn
         return {
-            "wq": d * q,
-            "wk": d * kv,
-            "wv": d * kv,
-            "wo": q * d,
-            "w1": d * f,
-            "w3": d * f,
-            "w2": f * d,
+            "wq": (d, q),
+            "wk": (d, kv),
+            "wv": (d, kv),
+            "wo": (q, d),
+            "w1": (d, f),
+            "w2": (f, d),
+            "w3": (d, f),
         }
+
+    @property
+    def linears(self) -> dict[str, int]:
+        """Weights of a block's projections, by name."""
+        return {name: k * n for name, (k, n) in self.linear_features.items()}
 
     @functools.cached_property
     def block_linear(self) -> int:
