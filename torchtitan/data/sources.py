@@ -57,7 +57,7 @@ def builder_for(path: Path) -> str:
     return builder
 
 
-def column_names(path: Path, builder: str) -> list[str] | None:
+def column_names(path: Path, builder: str) -> list[str]:
     if builder == "text":
         return ["text"]
     import pyarrow.parquet
@@ -74,11 +74,7 @@ def check_first_json_record(path: Path, text_field: str) -> None:
     if found is None:
         return
     line_number, record = found
-    if text_field not in record:
-        raise DataError(
-            f"text field {text_field!r} not found in {shown(path)}; "
-            f"available columns: {', '.join(record) or '(none)'}"
-        )
+    check_has_field(path, text_field, list(record))
     value = record[text_field]
     if value is not None and not isinstance(value, str):
         raise DataError(
@@ -91,12 +87,19 @@ def check_text_field(path: Path, builder: str, text_field: str) -> None:
     if builder == "json":
         check_first_json_record(path, text_field)
         return
-    names = column_names(path, builder)
-    if names is not None and text_field not in names:
-        raise DataError(
-            f"text field {text_field!r} not found in {shown(path)}; "
-            f"available columns: {', '.join(names) or '(none)'}"
-        )
+    check_has_field(path, text_field, column_names(path, builder))
+
+
+def check_has_field(path: Path, text_field: str, names: list[str]) -> None:
+    if text_field not in names:
+        raise missing_field_error(text_field, shown(path), names)
+
+
+def missing_field_error(text_field: str, where: str, columns) -> DataError:
+    return DataError(
+        f"text field {text_field!r} not found in {where}; "
+        f"available columns: {', '.join(columns) or '(none)'}"
+    )
 
 
 def check_not_empty(path: Path) -> None:

@@ -36,7 +36,7 @@ from torch.utils.data import IterableDataset
 
 from torchtitan.data import json_lines
 from torchtitan.data.errors import DataError
-from torchtitan.data.sources import DatasetSource, resolve_source
+from torchtitan.data.sources import DatasetSource, missing_field_error, resolve_source
 from torchtitan.data.tokenizer import Tokenizer
 from torchtitan.paths import absolute
 
@@ -85,11 +85,8 @@ def load_failure(source: DatasetSource, error: BaseException) -> str:
     return f"{type(cause).__name__}: {lines[0]}" if lines else type(cause).__name__
 
 
-def missing_field_error(source: DatasetSource, columns) -> DataError:
-    return DataError(
-        f"text field {source.text_field!r} not found in dataset {source.name}; "
-        f"available columns: {', '.join(columns) or '(none)'}"
-    )
+def _field_missing(source: DatasetSource, columns) -> DataError:
+    return missing_field_error(source.text_field, f"dataset {source.name}", columns)
 
 
 def document_text(row_text: Any, source: DatasetSource) -> str | None:
@@ -106,7 +103,7 @@ class IndexedDocuments:
 
     def __init__(self, dataset, source: DatasetSource):
         if source.text_field not in dataset.column_names:
-            raise missing_field_error(source, dataset.column_names)
+            raise _field_missing(source, dataset.column_names)
         if len(dataset) == 0:
             raise DataError(f"dataset {source.name} is empty")
         self.dataset = dataset
@@ -137,7 +134,7 @@ class StreamingDocuments:
         self.dataset.load_state_dict(cursor)
         for row in self.dataset:
             if self.source.text_field not in row:
-                raise missing_field_error(self.source, list(row))
+                raise _field_missing(self.source, list(row))
             yield cursor, document_text(row[self.source.text_field], self.source)
             # Taken once the consumer is done with the row: the position just after it.
             cursor = self.dataset.state_dict()
