@@ -28,15 +28,20 @@ class RecordProblem(ValueError):
 
 def problem_with(line: bytes) -> str | None:
     """What keeps ``line`` from being one record (a JSON object), or None."""
+    return parse_record(line)[1]
+
+
+def parse_record(line: bytes) -> tuple[dict | None, str | None]:
+    """(the record on ``line``, None), or (None, what keeps it from being a JSON object)."""
     try:
         record = json.loads(line.rstrip())  # a column past the end would read "line 2"
     except json.JSONDecodeError as e:
-        return f"not valid JSON: {e.msg} (column {e.colno})"
+        return None, f"not valid JSON: {e.msg} (column {e.colno})"
     except ValueError as e:  # not UTF-8 (or UTF-16/32)
-        return f"not valid JSON: {e}"
+        return None, f"not valid JSON: {e}"
     if not isinstance(record, dict):
-        return f'a JSON {kind_of(record)}, not an object like {{"text": "..."}}'
-    return None
+        return None, f'a JSON {kind_of(record)}, not an object like {{"text": "..."}}'
+    return record, None
 
 
 def kind_of(value: Any) -> str:
@@ -63,9 +68,9 @@ def first_record(path: Path) -> tuple[int, dict] | None:
                 return None  # a long document; HF reads it, we do not need to
             if not line.strip():
                 continue
-            problem = problem_with(line)
+            record, problem = parse_record(line)
             if problem is None:
-                return number, json.loads(line)
+                return number, record
             if may_be_one_document(path, line):
                 return None
             raise RecordProblem(path, number, problem)
