@@ -49,7 +49,7 @@ def chunk_loss_and_grad(logits: torch.Tensor, labels: torch.Tensor):
     safe = torch.where(keep, labels, 0)
     lse = torch.logsumexp(lf, dim=-1)
     picked = lf.gather(1, safe[:, None]).squeeze(1)
-    return _loss_and_grad(lf, lse, picked, keep, safe, keep, logits.dtype)
+    return _loss_and_grad(lf, _SoftmaxStats(lse, picked, keep, safe, keep), logits.dtype)
 
 
 def sharded_chunk_loss_and_grad(logits: torch.Tensor, labels: torch.Tensor, shard: VocabShard):
@@ -58,8 +58,7 @@ def sharded_chunk_loss_and_grad(logits: torch.Tensor, labels: torch.Tensor, shar
     label's logit, are reduced across ``shard.group``. -> (the chunk's summed loss, the same on
     every rank; d loss / d these logits)."""
     lf = logits.float()
-    s = _sharded_softmax_stats(lf, labels, shard)
-    return _loss_and_grad(lf, s.lse, s.picked, s.keep, s.safe, s.in_columns, logits.dtype)
+    return _loss_and_grad(lf, _sharded_softmax_stats(lf, labels, shard), logits.dtype)
 
 
 def sharded_chunk_loss(logits: torch.Tensor, labels: torch.Tensor, shard: VocabShard):
@@ -90,14 +89,12 @@ def _sharded_softmax_stats(lf: torch.Tensor, labels: torch.Tensor, shard: VocabS
     return _SoftmaxStats(peak + torch.log(sums[0]), sums[1], keep, safe, mine)
 
 
-def _loss_and_grad(lf, lse, picked, keep, safe, in_columns, dtype):
-    """The chunk's summed loss (``keep``: the labels that count) and its gradient
-    ``softmax - one_hot(label)``, where the label's column is ``safe`` for the rows
-    ``in_columns`` (its column is among these logits)."""
-    loss = torch.where(keep, lse - picked, 0.0).sum()
-    grad = torch.exp(lf - lse[:, None])
-    grad = grad.scatter_add(1, safe[:, None], -in_columns[:, None].to(grad.dtype))
-    return loss, (grad * keep[:, None]).to(dtype)
+def _loss_and_grad(lf: torch.Tensor, s: _SoftmaxStats, dtype: torch.dtype):
+    """The chunk's summed loss and its gradient ``softmax - one_hot(label)`` (in ``dtype``)."""
+    loss = torch.where(s.keep, s.lse - s.picked, 0.0).sum()
+    grad = torch.exp(lf - s.lse[:, None])
+    grad = grad.scatter_add(1, s.safe[:, None], -s.in_columns[:, None].to(grad.dtype))
+    return loss, (grad * s.keep[:, None]).to(dtype)
 
 
 @functools.cache
