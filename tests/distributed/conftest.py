@@ -1,9 +1,27 @@
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from tests.distributed.launch import ROOT, TINY_JOB, curves
+
+HERE = Path(__file__).parent
+
+
+def pytest_configure(config):
+    """A rerun's first failure is printed in the summary: it says why the rank aborted."""
+    if hasattr(config.option, "rerun_show_tracebacks"):
+        config.option.rerun_show_tracebacks = True
+
+
+def pytest_collection_modifyitems(items):
+    """Rerun a test here once if, and only if, it failed with ``RankAborted`` (a rank died of
+    SIGABRT in torch's C++, see launch.py); any other failure fails at once."""
+    rerun = pytest.mark.flaky(reruns=1, only_rerun=["^RankAborted:"])
+    for item in items:
+        if item.path.is_relative_to(HERE):
+            item.add_marker(rerun)
 
 
 @pytest.fixture(scope="session")

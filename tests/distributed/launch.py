@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -50,16 +51,50 @@ def torchrun_cmd(nproc: int) -> list[str]:
     ]
 
 
+class RankAborted(AssertionError):
+    """A torchrun job failed because a rank died of SIGABRT: a C++ ``std::terminate`` in torch,
+    not a Python error. torch 2.13's gloo does this now and then on an overloaded CPU (seen once
+    in about six CI runs of the 16-rank layout, never in 21 runs here); tests/distributed reruns
+    such a test once (conftest.py), and pytest's summary lists the rerun."""
+
+
 def torchrun(nproc: int, args: list[str], timeout: int = 300) -> str:
-    """Launch ``python -m torchtitan.train`` on ``nproc`` CPU processes; returns the output."""
-    cmd = [*torchrun_cmd(nproc), "--local-ranks-filter=0", "-m", "torchtitan.train", *args]
-    return run_checked(cmd, timeout)
+    """Launch ``python -m torchtitan.train`` on ``nproc`` CPU processes; returns rank 0's output.
+
+    Every rank's output also goes to a log folder, so a failure shows why the other ranks
+    stopped (e.g. the one that aborted), not only rank 0's view of it.
+    """
+    with tempfile.TemporaryDirectory(prefix="torchrun-logs-") as logs:
+        cmd = [
+            *torchrun_cmd(nproc),
+            f"--log-dir={logs}",
+            "--tee=3",
+            "--local-ranks-filter=0",
+            "-m",
+            "torchtitan.train",
+            *args,
+        ]
+        return run_checked(cmd, timeout, rank_logs=Path(logs))
 
 
-def run_checked(cmd: list[str], timeout: int) -> str:
+def rank_log_tails(logs: Path, lines: int = 12) -> str:
+    """The last ``lines`` of each rank's stderr under a torchrun ``--log-dir``, ranks that died
+    of a signal or a C++ abort first (their own words are lost from a filtered console)."""
+    tails = []
+    for stderr in logs.glob("*/attempt_*/*/stderr.log"):
+        text = stderr.read_text(errors="replace").strip()
+        if text:
+            tail = "\n".join(text.splitlines()[-lines:])
+            aborted = any(word in text for word in ("terminate called", "Fatal Python", "Signal "))
+            tails.append((not aborted, int(stderr.parent.name), tail))
+    return "".join(f"\n--- rank {rank} stderr ---\n{tail}" for _, rank, tail in sorted(tails))
+
+
+def run_checked(cmd: list[str], timeout: int, rank_logs: Path | None = None) -> str:
     """Run ``cmd`` in its own session and return its output; fail the test on a non-zero exit.
 
-    The whole process tree is killed on timeout, so a hung rank cannot outlive the test.
+    The whole process tree is killed on timeout, so a hung rank cannot outlive the test. With
+    ``rank_logs`` (a torchrun ``--log-dir``), a failure also shows each rank's last words.
     """
     # PYTHONPATH: scripts launched by path import this checkout's torchtitan, not an installed one.
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
@@ -78,9 +113,12 @@ def run_checked(cmd: list[str], timeout: int) -> str:
     except subprocess.TimeoutExpired:
         kill_tree(proc)
         out, _ = proc.communicate()
-        raise AssertionError(f"timed out after {timeout}s: {cmd}\n{out[-3000:]}") from None
+        ranks = rank_log_tails(rank_logs) if rank_logs else ""
+        raise AssertionError(f"timed out after {timeout}s: {cmd}\n{out[-3000:]}{ranks}") from None
     if proc.returncode != 0:
-        raise AssertionError(f"failed (rc={proc.returncode}): {cmd}\n{out[-5000:]}")
+        ranks = rank_log_tails(rank_logs) if rank_logs else ""
+        failure = RankAborted if "(SIGABRT)" in out else AssertionError
+        raise failure(f"failed (rc={proc.returncode}): {cmd}\n{out[-5000:]}{ranks}")
     return out
 
 
