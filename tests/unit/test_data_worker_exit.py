@@ -5,6 +5,7 @@ torchrun starts ranks, and signals it as torchrun (the whole group) or a crash (
 would.
 """
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -18,8 +19,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 # Reads batches until SIGTERM, then three more (the rest of its step), then exits without closing
 # the loader: the worker must survive torchrun's SIGTERM and still be stopped at exit.
+# SIGUSR1 dumps every thread's stack, the worker's too (it is forked with the handler), so a
+# hang shows where it is (see ``communicate``).
 TRAINING_LIKE = """
-import multiprocessing, signal, sys, time
+import faulthandler, multiprocessing, signal, sys, time
+faulthandler.register(signal.SIGUSR1, all_threads=True)
 from torchtitan.config import ASSETS
 from torchtitan.data import Tokenizer, build_dataloader
 
@@ -57,6 +61,30 @@ def start() -> tuple[subprocess.Popen, list[int]]:
     return process, [int(pid) for pid in words[1:]]
 
 
+def communicate(process: subprocess.Popen, workers: list[int], timeout: float) -> tuple[str, str]:
+    """``process.communicate``; on a timeout, fail with the stacks of the process and its workers
+    (and each one's kernel wait channel) instead of a bare timeout."""
+    try:
+        return process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        states = [f"{pid}: {proc_state(pid)}" for pid in (process.pid, *workers)]
+        for pid in (process.pid, *workers):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR1)
+        time.sleep(2)
+        os.killpg(process.pid, signal.SIGKILL)
+        _, err = process.communicate()
+        pytest.fail(f"still running after {timeout} s ({'; '.join(states)}):\n{err[-8000:]}")
+
+
+def proc_state(pid: int) -> str:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return f"state {state}, waiting in {Path(f'/proc/{pid}/wchan').read_text() or '-'}"
+    except OSError:
+        return "gone"
+
+
 def wait_exited(pid: int, seconds: float) -> str:
     """'gone' (reaped), 'zombie' (exited, its new parent has not reaped it) or 'running'."""
     deadline = time.monotonic() + seconds
@@ -79,7 +107,7 @@ def test_worker_survives_group_sigterm_and_stops_at_exit():
     process, workers = start()
     assert len(workers) == 1
     os.killpg(process.pid, signal.SIGTERM)
-    out, err = process.communicate(timeout=60)
+    out, err = communicate(process, workers, timeout=60)
     assert process.returncode == 143, err[-2000:]
     assert "finished" in out
     assert wait_exited(workers[0], 10) == "gone"  # stopped and reaped by its parent
@@ -88,7 +116,7 @@ def test_worker_survives_group_sigterm_and_stops_at_exit():
 def test_ctrl_c_stops_training_and_worker():
     process, workers = start()
     os.killpg(process.pid, signal.SIGINT)
-    _, err = process.communicate(timeout=60)
+    _, err = communicate(process, workers, timeout=60)
     assert process.returncode == -signal.SIGINT, err[-2000:]  # Python's KeyboardInterrupt exit
     assert wait_exited(workers[0], 10) == "gone"
 
