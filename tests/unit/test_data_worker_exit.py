@@ -24,6 +24,9 @@ REPO = Path(__file__).resolve().parents[2]
 TRAINING_LIKE = """
 import faulthandler, multiprocessing, signal, sys, time
 faulthandler.register(signal.SIGUSR1, all_threads=True)
+# Ctrl-C raises KeyboardInterrupt, as in a terminal, even where the test runner was started with
+# SIGINT ignored (a background job of a script: `make test &`), which this process would inherit.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from torchtitan.config import ASSETS
 from torchtitan.data import Tokenizer, build_dataloader
 
