@@ -52,10 +52,10 @@ def torchrun_cmd(nproc: int) -> list[str]:
 
 
 class RankAborted(AssertionError):
-    """A torchrun job failed because a rank died of SIGABRT: a C++ ``std::terminate`` in torch,
-    not a Python error. torch 2.13's gloo does this now and then on an overloaded CPU (seen once
-    in about six CI runs of the 16-rank layout, never in 21 runs here); tests/distributed reruns
-    such a test once (conftest.py), and pytest's summary lists the rerun."""
+    """A torchrun job failed because a rank died of SIGABRT: a C++ abort inside torch, not a
+    Python error. CI lost a run to it once (a rank of the 16-rank 4D layout; the others then saw
+    gloo's "Connection closed by peer"); 23 runs of that layout here did not reproduce it.
+    tests/distributed reruns such a test once (conftest.py); pytest's summary lists the rerun."""
 
 
 def torchrun(nproc: int, args: list[str], timeout: int = 300) -> str:
