@@ -77,9 +77,12 @@ def torchrun(nproc: int, args: list[str], timeout: int = 300) -> str:
         return run_checked(cmd, timeout, rank_logs=Path(logs))
 
 
-def rank_log_tails(logs: Path, lines: int = 12) -> str:
-    """The last ``lines`` of each rank's stderr under a torchrun ``--log-dir``, ranks that died
-    of a signal or a C++ abort first (their own words are lost from a filtered console)."""
+def rank_log_tails(logs: Path | None, lines: int = 12) -> str:
+    """The last ``lines`` of each rank's stderr under a torchrun ``--log-dir`` ("" without one),
+    ranks that died of a signal or a C++ abort first (their words are lost from a filtered
+    console)."""
+    if logs is None:
+        return ""
     tails = []
     for stderr in logs.glob("*/attempt_*/*/stderr.log"):
         text = stderr.read_text(errors="replace").strip()
@@ -113,11 +116,11 @@ def run_checked(cmd: list[str], timeout: int, rank_logs: Path | None = None) -> 
     except subprocess.TimeoutExpired:
         kill_tree(proc)
         out, _ = proc.communicate()
-        ranks = rank_log_tails(rank_logs) if rank_logs else ""
+        ranks = rank_log_tails(rank_logs)
         raise AssertionError(f"timed out after {timeout}s: {cmd}\n{out[-3000:]}{ranks}") from None
     if proc.returncode != 0:
-        ranks = rank_log_tails(rank_logs) if rank_logs else ""
         failure = RankAborted if "(SIGABRT)" in out else AssertionError
+        ranks = rank_log_tails(rank_logs)
         raise failure(f"failed (rc={proc.returncode}): {cmd}\n{out[-5000:]}{ranks}")
     return out
 

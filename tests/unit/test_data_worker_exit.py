@@ -80,21 +80,29 @@ def communicate(process: subprocess.Popen, workers: list[int], timeout: float) -
         pytest.fail(f"still running after {timeout} s ({'; '.join(states)}):\n{err[-8000:]}")
 
 
-def proc_state(pid: int) -> str:
+def stat_state(pid: int) -> str | None:
+    """The kernel's one-letter state of ``pid`` (R, S, Z, ...), or None once it is gone."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        return f"state {state}, waiting in {Path(f'/proc/{pid}/wchan').read_text() or '-'}"
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
+def proc_state(pid: int) -> str:
+    state = stat_state(pid)
+    try:
+        wchan = Path(f"/proc/{pid}/wchan").read_text() or "-"
     except OSError:
-        return "gone"
+        state = None
+    return "gone" if state is None else f"state {state}, waiting in {wchan}"
 
 
 def wait_exited(pid: int, seconds: float) -> str:
     """'gone' (reaped), 'zombie' (exited, its new parent has not reaped it) or 'running'."""
     deadline = time.monotonic() + seconds
     while True:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:
+        state = stat_state(pid)
+        if state is None:
             return "gone"
         if state == "Z":
             return "zombie"
