@@ -1,6 +1,6 @@
 """What the CUDA allocator held at its peak, from a memory snapshot.
 
-    python scripts/memory_summary.py SNAPSHOT.pickle [--top 25]
+    python scripts/memory_summary.py SNAPSHOT.pickle [--top 25] [--last 20]
 
 Snapshots come from ``--profiling.enable_memory_snapshot`` (``memory_snapshot/iteration_N/
 rankR_memory_snapshot.pickle``; the reference framework writes the same format). The snapshot's
@@ -26,11 +26,26 @@ def _python_frames(frames: list[dict]) -> list[dict]:
     return [f for f in frames or [] if str(f.get("filename", "")).endswith(".py")]
 
 
+# C++ frames that say nothing about who allocated (the allocator and tensor factories).
+_PLUMBING = ("alloc", "Alloc", "empty", "c10::", "at::detail", "at::TensorBase", "at::_ops::")
+
+
+def _cpp_hint(frames: list[dict]) -> str:
+    """The innermost C++ frame that is not allocator or factory plumbing (names shortened)."""
+    for f in frames or []:
+        name = str(f.get("name", ""))
+        if name and not any(p in name for p in _PLUMBING) and not name.startswith("??"):
+            return name.split("(")[0][-70:]
+    return ""
+
+
 def origin(frames: list[dict]) -> tuple[str, str]:
-    """(innermost project frame, innermost Python frame), frames listed innermost first."""
+    """(innermost project frame, innermost Python frame), frames listed innermost first; for a
+    block without Python frames (autograd's backward thread, C++ code), its innermost
+    informative C++ frame."""
     py = _python_frames(frames)
     if not py:
-        return ("no Python frame", "")
+        return ("no Python frame", _cpp_hint(frames))
 
     def where(f: dict) -> str:
         parts = Path(f["filename"]).parts
@@ -64,8 +79,9 @@ def live_at_start(end: dict, trace: list[dict]) -> dict[int, tuple[int, tuple[st
     return live
 
 
-def peak(snapshot: dict, device: int = 0) -> tuple[int, dict, int]:
-    """-> (peak allocated bytes, live blocks at the peak, peak reserved bytes in the history)."""
+def peak(snapshot: dict, device: int = 0) -> tuple[int, dict, int, list]:
+    """-> (peak allocated bytes, live blocks at the peak, peak reserved bytes in the history,
+    the allocations of the history up to the peak as (size, origin), oldest first)."""
     traces = snapshot.get("device_traces", [])
     trace = traces[device] if device < len(traces) else []
     live = live_at_start(live_at_end(snapshot, device), trace)
@@ -80,13 +96,15 @@ def peak(snapshot: dict, device: int = 0) -> tuple[int, dict, int]:
         elif event.get("action") in ("segment_free", "segment_unmap"):
             reserved += event["size"]
     peak_reserved = reserved
+    allocations, at_peak = [], 0
     for event in trace:
         action = event.get("action")
         if action == "alloc":
             live[event["addr"]] = (event["size"], origin(event.get("frames", [])))
+            allocations.append(live[event["addr"]])
             total += event["size"]
             if total > best:
-                best, best_live = total, dict(live)
+                best, best_live, at_peak = total, dict(live), len(allocations)
         elif action == "free_completed" and event.get("addr") in live:
             total -= live.pop(event["addr"])[0]
         elif action in ("segment_alloc", "segment_map"):
@@ -94,11 +112,11 @@ def peak(snapshot: dict, device: int = 0) -> tuple[int, dict, int]:
             peak_reserved = max(peak_reserved, reserved)
         elif action in ("segment_free", "segment_unmap"):
             reserved -= event["size"]
-    return best, best_live, peak_reserved
+    return best, best_live, peak_reserved, allocations[:at_peak]
 
 
-def report(name: str, snapshot: dict, top: int, device: int = 0) -> str:
-    best, live, reserved = peak(snapshot, device)
+def report(name: str, snapshot: dict, top: int, device: int = 0, last: int = 0) -> str:
+    best, live, reserved, allocations = peak(snapshot, device)
     groups: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
     for size, where in live.values():
         groups[where][0] += size
@@ -111,6 +129,10 @@ def report(name: str, snapshot: dict, top: int, device: int = 0) -> str:
     ]
     for (project, inner), (size, count) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:top]:
         lines.append(f"  {size / GiB:7.2f} GiB {count:6d}x  {project}  <-  {inner}")
+    if last:
+        lines.append(f"the last {last} allocations up to the peak (oldest first):")
+        for size, (project, inner) in allocations[-last:]:
+            lines.append(f"  {size / GiB:9.4f} GiB  {project}  <-  {inner}")
     return "\n".join(lines)
 
 
@@ -119,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("snapshots", nargs="+", type=Path)
     parser.add_argument("--top", type=int, default=25, help="how many origins to list")
     parser.add_argument("--device", type=int, default=0, help="CUDA device index in the snapshot")
+    parser.add_argument(
+        "--last", type=int, default=0, help="also list the last N allocations up to the peak"
+    )
     args = parser.parse_args(argv)
     for path in args.snapshots:
         try:
@@ -127,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, pickle.UnpicklingError, EOFError) as e:
             print(f"error: cannot read snapshot {path}: {e}", file=sys.stderr)
             return 2
-        print(report(str(path), snapshot, args.top, args.device))
+        print(report(str(path), snapshot, args.top, args.device, args.last))
     return 0
 
 

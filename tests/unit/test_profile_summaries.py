@@ -67,8 +67,9 @@ def test_memory_summary_replays_history_to_the_peak():
             ]
         ],
     }
-    best, live, reserved = memory_summary.peak(snapshot)
+    best, live, reserved, allocations = memory_summary.peak(snapshot)
     assert best == 150
+    assert [size for size, _ in allocations] == [50]  # up to the peak, not C after it
     assert sorted(size for size, _ in live.values()) == [50, 100]
     assert reserved == 1000
     origins = {where[0] for _, where in live.values()}
@@ -79,5 +80,16 @@ def test_memory_summary_cli(tmp_path, capsys):
     path = tmp_path / "s.pickle"
     snap = {"segments": [], "device_traces": [[{"action": "alloc", "addr": 1, "size": 2**30}]]}
     path.write_bytes(pickle.dumps(snap))
-    assert memory_summary.main([str(path)]) == 0
-    assert "peak allocated 1.00 GiB" in capsys.readouterr().out
+    assert memory_summary.main([str(path), "--last", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "peak allocated 1.00 GiB" in out
+    assert "the last 3 allocations up to the peak" in out
+
+
+def test_memory_summary_names_the_cpp_frame_of_blocks_without_python_frames():
+    cpp = [
+        {"filename": "c10/cuda/CUDACachingAllocator.cpp", "name": "c10::cuda::malloc(...)"},
+        {"filename": "aten/src/ATen/EmptyTensor.cpp", "name": "at::detail::empty_generic(...)"},
+        {"filename": "aten/src/ATen/native/Linear.cpp", "name": "at::native::mm_out(...)"},
+    ]
+    assert memory_summary.origin(cpp) == ("no Python frame", "at::native::mm_out")
