@@ -205,6 +205,9 @@ class Trainer:
                     logits = self.model(inputs)
                 with self._loss_context():
                     micro_loss = self.step_loss(logits, labels)
+                    # The loss's graph keeps what its backward needs; this name would keep the
+                    # logits through the head's backward (+0.6 GiB peak at 1B, batch 4 x 8,192).
+                    del logits
                     micro_loss = self.faults.poison_loss(self.step, micro_loss)
                     micro_loss.backward()
             loss += plain_loss(micro_loss.detach())
@@ -257,7 +260,7 @@ class Trainer:
         pp_group = self.dims.mesh("pp").get_group() if self.dims.pp > 1 else None
         # Earlier steps' non-finite flags, those already on the host: no wait for the GPU.
         self.nonfinite.resolve()
-        grad_norm = clip_grad_norm(params, self.cfg.training.max_norm, pp_group)
+        grad_norm = clip_grad_norm(params, self.cfg.training.max_norm, pp_group, self.optimizers)
         lr = self.optimizers[0].param_groups[0]["lr"]  # what this step uses
         # Both values are global (data-parallel mean loss, global norm): every rank decides alike.
         apply_update = self.nonfinite.before_optimizer_step(self.step, loss, grad_norm)

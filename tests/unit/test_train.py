@@ -1,5 +1,7 @@
 """The single-process trainer: gradient accumulation, determinism, AC/compile equivalence."""
 
+import weakref
+
 import pytest
 import torch
 
@@ -104,3 +106,23 @@ def test_chunked_loss_matches_the_logits_loss(tmp_path):
     plain.close()
     chunked.close()
     assert got == pytest.approx(expected, rel=1e-5)
+
+
+def test_logits_are_freed_before_the_heads_backward(tmp_path):
+    """The trainer drops its reference to the logits once the loss is built, so the loss's
+    backward frees them before the head's backward allocates its gradients (the reference
+    framework does the same; keeping them raised the 1B peak by 0.6 GiB)."""
+    trainer = make_trainer(tmp_path)
+    seen = {}
+
+    def keep_weakref(module, args, output):
+        seen["logits"] = weakref.ref(output)
+
+    def at_head_backward(module, grad_output):
+        seen["alive during head backward"] = seen["logits"]() is not None
+
+    trainer.model.output.register_forward_hook(keep_weakref)
+    trainer.model.output.register_full_backward_pre_hook(at_head_backward)
+    trainer.forward_backward(iter(trainer.dataloader))
+    trainer.close()
+    assert seen["alive during head backward"] is False
