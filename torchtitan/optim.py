@@ -9,23 +9,58 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
-from torchtitan.config import LRScheduler, Optimizer
+from torchtitan.compiled_adamw import CompiledAdam, CompiledAdamMixin, CompiledAdamW
+from torchtitan.config import ConfigError, LRScheduler, Optimizer
 
 
 def build_optimizer(params, cfg: Optimizer, device_type: str) -> torch.optim.Optimizer:
-    impl = cfg.implementation
-    if impl == "auto":
-        impl = "fused" if device_type == "cuda" else "foreach"
+    params = list(params)
+    distributed = any(isinstance(p, DTensor) for p in params)
+    if cfg.implementation == "compiled" and distributed:
+        raise ConfigError(COMPILED_NEEDS_WHOLE_PARAMETERS)
+    impl = resolve_implementation(cfg.implementation, device_type, distributed)
     kwargs = dict(
-        lr=cfg.lr,
-        betas=(cfg.beta1, cfg.beta2),
-        eps=cfg.eps,
-        weight_decay=cfg.weight_decay,
-        fused=impl == "fused",
-        foreach=impl == "foreach",
+        lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay
     )
+    if impl == "compiled":
+        return {"AdamW": CompiledAdamW, "Adam": CompiledAdam}[cfg.name](params, **kwargs)
     cls = {"AdamW": torch.optim.AdamW, "Adam": torch.optim.Adam}[cfg.name]
-    return cls(params, **kwargs)
+    return cls(params, fused=impl == "fused", foreach=impl == "foreach", **kwargs)
+
+
+COMPILED_NEEDS_WHOLE_PARAMETERS = (
+    "--optimizer.implementation compiled takes whole parameters, and this layout shards or "
+    "replicates them (data, context or tensor parallel degree > 1); use fused (auto does)"
+)
+
+
+def resolve_implementation(implementation: str, device_type: str, distributed: bool) -> str:
+    """``auto``: on CUDA the compiled kernel for whole (non-DTensor) parameters when Triton is
+    there (faster than ``fused``: docs/performance.md), else ``fused``; ``foreach`` on CPU.
+
+    The compiled kernel is not used on DTensor parameters: on FSDP2 shards it failed with an
+    illegal memory access (H100, torch 2.11), not investigated yet."""
+    if implementation != "auto":
+        return implementation
+    if device_type != "cuda":
+        return "foreach"
+    from torch.utils._triton import has_triton
+
+    return "compiled" if has_triton() and not distributed else "fused"
+
+
+def check_optimizer(cfg: Optimizer, parameters_distributed: bool) -> None:
+    """Preflight: the compiled kernel only where parameters stay whole tensors."""
+    if cfg.implementation == "compiled" and parameters_distributed:
+        raise ConfigError(COMPILED_NEEDS_WHOLE_PARAMETERS)
+
+
+def takes_scale_and_skip(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer.step`` honours ``grad_scale`` and ``found_inf`` attributes (as set by a
+    GradScaler): the fused kernels and ``CompiledAdamMixin`` do, the others ignore them."""
+    if isinstance(optimizer, CompiledAdamMixin):
+        return True
+    return all(group.get("fused") for group in optimizer.param_groups)
 
 
 def lr_factor(step: int, total_steps: int, cfg: LRScheduler) -> float:
@@ -83,8 +118,13 @@ def apply_schedule_lr(scheduler) -> None:
         group["lr"] = lr
 
 
-def clip_grad_norm(params, max_norm: float, pp_group=None) -> torch.Tensor:
-    """Total L2 norm of all gradients (before clipping); clips in place when max_norm > 0.
+def clip_grad_norm(params, max_norm: float, pp_group=None, optimizers=()) -> torch.Tensor:
+    """Total L2 norm of all gradients (before clipping); clips when max_norm > 0.
+
+    Clipping multiplies every gradient by ``min(1, max_norm / (norm + 1e-6))``. When every one
+    of ``optimizers`` takes a ``grad_scale`` (``takes_scale_and_skip``), the divisor goes to them
+    instead and their kernels apply it while they read the gradients: one pass over the
+    gradients fewer. Otherwise the gradients are scaled in place here.
 
     Sharded (DTensor) gradients give the norm of the full gradients, reduced over their mesh;
     under pipeline parallelism each rank holds other parameters, so the squared norms are also
@@ -102,6 +142,12 @@ def clip_grad_norm(params, max_norm: float, pp_group=None) -> torch.Tensor:
         squared = norm**2
         dist.all_reduce(squared, group=pp_group)
         norm = squared.sqrt()
-    if max_norm > 0:
+    if max_norm <= 0:
+        return norm
+    if optimizers and all(takes_scale_and_skip(o) for o in optimizers):
+        grad_scale = torch.clamp((norm.detach() + 1e-6) / max_norm, min=1.0).float()
+        for optimizer in optimizers:
+            optimizer.grad_scale = grad_scale
+    else:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
     return norm

@@ -22,6 +22,7 @@ from torchtitan.data.splits import validation_dataset
 from torchtitan.data.tokenizer import Tokenizer, TokenizerError
 from torchtitan.models.llama3 import ModelArgs, model_args_for_job
 from torchtitan.models.llama3.hf import inspect_hf_checkpoint
+from torchtitan.optim import check_optimizer
 from torchtitan.parallel.context_parallel import check_cp
 from torchtitan.parallel.dims import ParallelDims
 from torchtitan.parallel.float8 import check_float8
@@ -156,6 +157,7 @@ def check_job(cfg: JobConfig, world_size: int) -> CheckedJob:
     model_args = model_args_for_job(cfg)
     dims = check_parallelism(cfg, model_args, world_size)
     check_float8(cfg.float8)
+    check_optimizer(cfg.optimizer, dims.parameters_distributed)
     check_checkpoint(cfg, model_args, world_size)
     accum_steps = gradient_accumulation_steps(cfg, dp_degree=dims.dp_degree)
     resolve_source(cfg.training.dataset, text_field=cfg.training.text_field)

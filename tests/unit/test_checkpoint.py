@@ -23,6 +23,7 @@ from torchtitan.checkpoint import (  # noqa: E402
     save_seed_checkpoint,
 )
 from torchtitan.checkpoint.resume_changes import optimizer_changes  # noqa: E402
+from torchtitan.compiled_adamw import CompiledAdamW  # noqa: E402
 from torchtitan.config import (  # noqa: E402
     ASSETS,
     Checkpoint,
@@ -185,6 +186,21 @@ def test_resume_keeps_this_runs_optimizer_settings_and_the_checkpoints_moments(t
         "the checkpoint: the optimizer uses the new settings from step 3; its moments (exp_avg, "
         "exp_avg_sq, step) continue from the checkpoint"
     ]
+
+
+def test_a_checkpoint_resumes_under_the_compiled_optimizer_kernel(tmp_path):
+    """Same state layout: a foreach run's checkpoint continues under ``compiled`` (which keeps
+    its own kernel flags) as the foreach run itself continues, to fp32 rounding."""
+    a = Job(0)
+    a.train_and_save(a.manager(tmp_path, interval=2), 2)
+    moments = optimizer_tensors(a)
+    expected = a.train(2)
+    b = Job(1, optimizer=Optimizer(lr=1e-2, implementation="compiled"))
+    assert b.manager(tmp_path).load() == 2
+    assert isinstance(b.optimizer, CompiledAdamW)
+    assert b.optimizer.param_groups[0]["capturable"] and not b.optimizer.param_groups[0]["foreach"]
+    assert_same_tensors(optimizer_tensors(b), moments)
+    assert b.train(2) == pytest.approx(expected, rel=1e-5)
 
 
 def test_optimizer_changes_name_the_options_and_skip_the_lr_and_kernel_flags():

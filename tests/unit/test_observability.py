@@ -14,12 +14,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from torchtitan.config import Comm, Profiling
+from torchtitan.config import Comm, Optimizer, Profiling
 from torchtitan.observability import fault_injection as fi
 from torchtitan.observability import flight_recorder as fr
 from torchtitan.observability import hang_report
 from torchtitan.observability.numerics import NonFiniteError, NonFiniteGuard, check_finite
 from torchtitan.observability.profiling import maybe_profile
+from torchtitan.optim import build_optimizer
 
 # --------------------------------------------------------------------------- fault injection
 
@@ -437,16 +438,19 @@ def test_fault_attempt_matches_only_that_restart(monkeypatch):
 # --------------------------------------------------------------------------- NonFiniteGuard
 
 
-def _fused_model_and_optimizer():
+def _fused_model_and_optimizer(implementation: str = "fused"):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    optimizer = build_optimizer(
+        model.parameters(), Optimizer(lr=0.1, implementation=implementation), "cpu"
+    )
     model(torch.randn(2, 4)).sum().backward()
     return model, optimizer
 
 
-def test_guard_defers_with_fused_optimizers_and_skips_the_update():
-    model, optimizer = _fused_model_and_optimizer()
+@pytest.mark.parametrize("implementation", ["fused", "compiled"])
+def test_guard_defers_with_fused_optimizers_and_skips_the_update(implementation):
+    model, optimizer = _fused_model_and_optimizer(implementation)
     before = [p.detach().clone() for p in model.parameters()]
     guard = NonFiniteGuard("stop", [optimizer], logging.getLogger("test"))
     assert guard.deferred

@@ -77,7 +77,7 @@ def test_resume_restores_the_step_count_and_follows_the_new_schedule():
     assert expected[0] == pytest.approx(1e-2 * (0.1 + 0.9 * 3 / 8))
 
 
-@pytest.mark.parametrize("impl", ["foreach", "for-loop", "fused"])
+@pytest.mark.parametrize("impl", ["foreach", "for-loop", "fused", "compiled"])
 @pytest.mark.parametrize("name", ["AdamW", "Adam"])
 def test_optimizer_implementations_agree(name, impl):
     torch.manual_seed(0)

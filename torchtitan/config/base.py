@@ -17,7 +17,7 @@ ASSETS = Path(__file__).resolve().parents[1] / "assets"
 
 ModelName = Literal["llama3"]
 OptimizerName = Literal["AdamW", "Adam"]
-OptimizerImplementation = Literal["auto", "fused", "foreach", "for-loop"]
+OptimizerImplementation = Literal["auto", "fused", "compiled", "foreach", "for-loop"]
 DecayType = Literal["linear", "cosine", "none"]
 MixedPrecisionDtype = Literal["bfloat16", "float32"]
 NonFinitePolicy = Literal["stop", "skip"]

@@ -83,7 +83,9 @@ class Optimizer(Section):
     eps: float = opt(1e-8, "Adam epsilon")
     weight_decay: float = opt(0.1, "decoupled weight decay (AdamW) or L2 penalty (Adam)")
     implementation: OptimizerImplementation = opt(
-        "auto", "kernel; auto = fused on CUDA, foreach on CPU"
+        "auto",
+        "kernel: compiled (one torch.compile'd kernel per parameter), fused, foreach, "
+        "for-loop; auto = compiled on CUDA (fused without Triton), foreach on CPU",
     )
 
     def validate(self) -> None:
@@ -297,7 +299,9 @@ class Float8(Section):
         ["output"], "linears whose FQN contains one of these stay in high precision"
     )
     skip_small: bool = opt(
-        True, "keep linears too small to gain from float8 in high precision (H100 thresholds)"
+        False,
+        "keep linears too small to gain from float8 on their own in high precision (torchao's "
+        "H100 thresholds; off: linears sharing an input share its cast, docs/float8.md)",
     )
     emulate: bool = opt(
         False, "float8 numerics with high-precision matmuls: CPU, older GPUs, tests (slow)"

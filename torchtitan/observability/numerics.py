@@ -7,6 +7,7 @@ import math
 import torch
 
 from torchtitan.config import NonFinitePolicy, choices
+from torchtitan.optim import takes_scale_and_skip
 
 POLICIES = choices(NonFinitePolicy)
 
@@ -57,10 +58,6 @@ def check_finite(loss, grad_norm, step: int, policy: str = "stop") -> str:
     )
 
 
-def _is_fused(optimizer: torch.optim.Optimizer) -> bool:
-    return all(group.get("fused") for group in optimizer.param_groups)
-
-
 class _Pending:
     """One step's loss and grad norm on their way to the host: on CUDA a non-blocking copy into
     pinned memory and an event that says when it landed, so they can be read without waiting
@@ -91,21 +88,22 @@ class _Pending:
 class NonFiniteGuard:
     """Applies ``training.on_nonfinite`` to every step without a host-device sync per step.
 
-    With fused optimizers the step's finiteness (of the global mean loss and the global
-    gradient norm, so every rank decides alike) goes to them as ``found_inf``, as a GradScaler
-    would pass it: the fused kernels then leave the weights, moments and step count alone. The
-    values travel to pinned host memory asynchronously; ``resolve()`` acts on those that have
-    arrived (the trainer calls it every step: no wait) and, with ``wait=True``, on all of them
-    (the trainer does that before logging, checkpointing and stopping, which read the GPU
-    anyway). Then ``stop`` raises ``NonFiniteError`` naming the step, ``skip`` logs it. With
-    other optimizers (CPU foreach, for-loop) the values are read at once, as before.
+    With optimizers whose kernels take ``found_inf`` (fused, compiled) the step's finiteness
+    (of the global mean loss and the global gradient norm, so every rank decides alike) goes to
+    them as ``found_inf``, as a GradScaler would pass it: the kernels then leave the weights,
+    moments and step count alone. The values travel to pinned host memory asynchronously;
+    ``resolve()`` acts on those that have arrived (the trainer calls it every step: no wait)
+    and, with ``wait=True``, on all of them (the trainer does that before logging,
+    checkpointing and stopping, which read the GPU anyway). Then ``stop`` raises
+    ``NonFiniteError`` naming the step, ``skip`` logs it. With other optimizers (CPU foreach,
+    for-loop) the values are read at once, as before.
     """
 
     def __init__(self, policy: str, optimizers: list[torch.optim.Optimizer], logger):
         self.policy = policy
         self.optimizers = optimizers
         self.logger = logger
-        self.deferred = bool(optimizers) and all(_is_fused(o) for o in optimizers)
+        self.deferred = bool(optimizers) and all(takes_scale_and_skip(o) for o in optimizers)
         self._pending: list[_Pending] = []
 
     def before_optimizer_step(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor):

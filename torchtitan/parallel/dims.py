@@ -48,6 +48,11 @@ class DerivedDegrees:
         return self.pp * self.cp * self.tp
 
     @property
+    def parameters_distributed(self) -> bool:
+        """Whether parameters become DTensors (FSDP/HSDP/DDP or TP); not under PP alone."""
+        return self.data_parallel or self.tp > 1
+
+    @property
     def data_parallel(self) -> bool:
         """Any kind of gradient averaging across replicas (FSDP, HSDP or DDP): FSDP2 wraps the
         model whenever a replica or shard group has more than one rank."""

@@ -1,0 +1,152 @@
+"""Time one optimizer step (gradient norm, clipping, AdamW) on a model's parameter shapes.
+
+    python scripts/bench/optimizer_step.py --flavor 1B [--shard 4] [--device cuda]
+
+Fills fp32 parameters and gradients of the flavor's shapes (each split ``--shard`` ways along
+dim 0, as FSDP shards them) and times, with CUDA events, each way of doing the step:
+
+* ``fused+clip``: the global norm, ``clip_grads_with_norm_``, then ``AdamW(fused=True)``;
+* ``fused+scale``: the norm, then the fused kernel dividing by ``grad_scale`` (no clip pass);
+* ``compiled+scale``: the norm, then ``CompiledAdamW`` (one compiled kernel per parameter);
+* ``foreach+clip``: the norm, clip, ``AdamW(foreach=True)``.
+
+Prints milliseconds per step (median) and the bandwidth that 28 bytes per parameter (read
+weight, gradient and moments, write weight and moments) would need at that time, and checks
+that every variant's weights end within 1e-5 of the first's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from torchtitan.compiled_adamw import CompiledAdamW
+from torchtitan.models.llama3 import Transformer, get_model_args
+
+MAX_NORM = 1.0
+STEP_BYTES_PER_PARAM = 28
+
+
+def shapes(flavor: str, shard: int) -> list[tuple[int, ...]]:
+    with torch.device("meta"):
+        model = Transformer(get_model_args(flavor))
+    out = []
+    for p in model.parameters():
+        first = -(-p.shape[0] // shard)
+        out.append((first, *p.shape[1:]))
+    return out
+
+
+def make_params(sizes, device, seed=0):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    params = []
+    for s in sizes:
+        p = torch.nn.Parameter(torch.randn(s, generator=gen, device=device) * 0.02)
+        p.grad = torch.randn(s, generator=gen, device=device)
+        params.append(p)
+    return params
+
+
+def norm_of(params) -> torch.Tensor:
+    return torch.nn.utils.get_total_norm([p.grad for p in params], 2.0, foreach=True)
+
+
+def scale_of(norm: torch.Tensor) -> torch.Tensor:
+    return torch.clamp((norm + 1e-6) / MAX_NORM, min=1.0).float()
+
+
+def variants(device):
+    def with_clip(opt_kwargs):
+        def build(params):
+            opt = torch.optim.AdamW(params, lr=3e-4, weight_decay=0.1, **opt_kwargs)
+
+            def step():
+                norm = norm_of(params)
+                torch.nn.utils.clip_grads_with_norm_(params, MAX_NORM, norm, foreach=True)
+                opt.step()
+
+            return step
+
+        return build
+
+    def with_scale(cls, **opt_kwargs):
+        def build(params):
+            opt = cls(params, lr=3e-4, weight_decay=0.1, **opt_kwargs)
+            opt.found_inf = torch.zeros((), device=device)
+
+            def step():
+                opt.grad_scale = scale_of(norm_of(params))
+                opt.step()
+
+            return step
+
+        return build
+
+    return {
+        "fused+clip": with_clip({"fused": True}),
+        "fused+scale": with_scale(torch.optim.AdamW, fused=True),
+        "compiled+scale": with_scale(CompiledAdamW),
+        "foreach+clip": with_clip({"foreach": True}),
+    }
+
+
+def elapsed_ms(fn, device) -> float:
+    if device.type != "cuda":  # a smoke run of this script on CPU
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end)
+
+
+def time_variant(build, sizes, device, warmup: int, iters: int):
+    params = make_params(sizes, device)
+    grads = [p.grad.clone() for p in params]
+    step = build(params)
+    times = []
+    for i in range(warmup + iters):
+        for p, g in zip(params, grads):
+            p.grad.copy_(g)  # clipping / grad_scale write the gradients: start each step alike
+        if i >= warmup:
+            times.append(elapsed_ms(step, device))
+        else:
+            step()
+    return statistics.median(times), [p.detach() for p in params]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--flavor", default="1B")
+    ap.add_argument("--shard", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    sizes = shapes(args.flavor, args.shard)
+    numel = sum(torch.Size(s).numel() for s in sizes)
+    print(
+        f"{args.flavor} / {args.shard}: {len(sizes)} tensors, {numel / 1e9:.3f} B parameters, "
+        f"{torch.cuda.get_device_name(0) if device.type == 'cuda' else 'CPU'}"
+    )
+    first = None
+    for name, build in variants(device).items():
+        ms, weights = time_variant(build, sizes, device, args.warmup, args.iters)
+        gbps = numel * STEP_BYTES_PER_PARAM / (ms * 1e-3) / 1e9
+        if first is None:
+            first, diff = weights, 0.0
+        else:
+            diff = max((a - b).abs().max().item() for a, b in zip(first, weights))
+        print(f"  {name:16s} {ms:8.2f} ms   {gbps:7.0f} GB/s at 28 B/param   max |dw| {diff:.1e}")
+        assert diff < 1e-5, f"{name} weights differ from the first variant's by {diff}"
+
+
+if __name__ == "__main__":
+    main()
