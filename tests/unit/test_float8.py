@@ -138,9 +138,10 @@ def test_dims_not_divisible_by_16_are_skipped_and_listed_once(caplog):
     assert "layers.0" not in line and line.count("w2") == 1
 
 
-def test_small_linears_are_skipped_by_default():
-    # Llama 3 8B, tensorwise: wk and wv (4096 -> 1024) are too small to gain.
-    conversion = apply_float8(model := meta_model("8B"), Float8(enable=True))
+def test_small_linears_are_skipped_with_skip_small():
+    # Llama 3 8B, tensorwise: wk and wv (4096 -> 1024) are too small to gain on their own.
+    assert len(apply_float8(meta_model("8B"), Float8(enable=True)).converted) == 7 * 32
+    conversion = apply_float8(model := meta_model("8B"), Float8(enable=True, skip_small=True))
     assert len(conversion.converted) == 5 * model.args.n_layers
     assert conversion.skipped["layers.31.attention.wv"] == "4096->1024: too small to gain"
     assert too_small("tensorwise", 4096, 1024) and not too_small("tensorwise", 4096, 14336)
@@ -157,7 +158,7 @@ def test_a_head_with_its_own_forward_stays_in_high_precision():
 
 def test_nothing_converted_warns(caplog):
     with caplog.at_level(logging.INFO, logger="torchtitan"):
-        assert apply_float8(meta_model(), Float8(enable=True)).converted == []
+        assert apply_float8(meta_model(), Float8(enable=True, skip_small=True)).converted == []
     assert any("no linear was converted" in r.getMessage() for r in caplog.records)
 
 

@@ -124,12 +124,13 @@ def _trainer_converted(flavor: str, cfg: Float8) -> set[str]:
 @pytest.mark.parametrize(
     "flavor, options, expected",
     [
-        ("8B", {}, {"wq", "wo", "w1", "w2", "w3"}),  # wk, wv 4096->1024: too small
-        ("8B", {"skip_small": False}, {"wq", "wk", "wv", "wo", "w1", "w2", "w3"}),
-        ("8B", {"filter_fqns": []}, {"wq", "wo", "w1", "w2", "w3", "output"}),
-        ("1B", {}, {"wq", "wo", "w1", "w2", "w3"}),  # wk, wv 2048->512
-        ("1B", {"recipe": "rowwise"}, {"w1", "w3"}),  # rowwise: out <= 2048 too small
-        ("debugmodel", {}, set()),
+        ("8B", {"skip_small": True}, {"wq", "wo", "w1", "w2", "w3"}),  # wk, wv 4096->1024
+        ("8B", {}, {"wq", "wk", "wv", "wo", "w1", "w2", "w3"}),
+        ("8B", {"filter_fqns": []}, {"wq", "wk", "wv", "wo", "w1", "w2", "w3", "output"}),
+        ("1B", {"skip_small": True}, {"wq", "wo", "w1", "w2", "w3"}),  # wk, wv 2048->512
+        ("1B", {"recipe": "rowwise", "skip_small": True}, {"w1", "w3"}),  # out <= 2048
+        ("debugmodel", {"skip_small": True}, set()),
+        ("debugmodel", {}, {"wq", "wk", "wv", "wo", "w1", "w2", "w3"}),
     ],
 )
 def test_float8_linears_follow_the_trainers_rule(flavor, options, expected):
@@ -170,7 +171,7 @@ def test_float8_all_gather_halves_the_gathered_float8_weights():
     gather = Float8Setting(fsdp_float8_all_gather=True)
     layout = Layout(dp_shard=4, ac_mode="selective")
     counts, linears = param_counts(base.model, 1), shapes(base.model).linears
-    float8_weights = sum(linears[n] for n in ("wq", "wo", "w1", "w2", "w3"))
+    float8_weights = sum(linears[n] for n in ("wq", "wk", "wv", "wo", "w1", "w2", "w3"))
     copies = estimate_memory(base.with_(float8=gather), layout).parts["bf16 weight copies"]
     assert copies == 2 * counts.head + 2 * counts.block - float8_weights
     plain = estimate_memory(base.with_(float8=Float8Setting()), layout).parts

@@ -34,7 +34,7 @@ class Float8Setting:
 
     recipe: str = "tensorwise"
     fsdp_float8_all_gather: bool = False
-    skip_small: bool = True
+    skip_small: bool = False
     filter_fqns: tuple[str, ...] = (HEAD,)
 
     @classmethod
