@@ -25,7 +25,7 @@ ours() {
     CONFIG_FILE=${CONFIG_FILE:-train_configs/llama3_8b.toml} timeout ${T:-300} ./run_train.sh \
     --metrics.log_freq 10 --training.dataset sample --metrics.enable_tensorboard false \
     --job.dump_folder /tmp/ours_$name "$@" > $out/logs/ours_$name.log 2>&1)
-  echo "ours $name rc=$? :: $(grep -E ' step +(20|30)[ /]' $out/logs/ours_$name.log | sed 's/^\[rank0\]://' | tail -1)"
+  echo "ours $name rc=$? :: $(grep -E 'INFO step +(20|30)/' $out/logs/ours_$name.log | sed 's/^\[rank0\]://' | tail -1)"
 }
 pack() { (cd $out && tar czf logs.tgz logs && rm -rf logs); }
 DEADLINE=$(( $(date +%s) + ${BUDGET:-560} ))
