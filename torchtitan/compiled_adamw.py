@@ -98,6 +98,7 @@ class CompiledAdamMixin:
     ``grad_scale``; with ``found_inf`` 1 nothing changes (weights, moments, step count).
     """
 
+    # AdamW's weight decay; torch 2.13's param groups also say it ("decoupled_weight_decay").
     decoupled_weight_decay = True
 
     def _scalar(self, name: str, device: torch.device, value: float) -> torch.Tensor:
@@ -160,7 +161,7 @@ class CompiledAdamMixin:
                     state["step"],
                     hypers[device],
                     *self._scale_and_skip(device),
-                    self.decoupled_weight_decay,
+                    group.get("decoupled_weight_decay", self.decoupled_weight_decay),
                 )
         return loss
 
