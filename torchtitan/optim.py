@@ -16,8 +16,7 @@ from torchtitan.config import ConfigError, LRScheduler, Optimizer
 def build_optimizer(params, cfg: Optimizer, device_type: str) -> torch.optim.Optimizer:
     params = list(params)
     distributed = any(isinstance(p, DTensor) for p in params)
-    if cfg.implementation == "compiled" and distributed:
-        raise ConfigError(COMPILED_NEEDS_WHOLE_PARAMETERS)
+    check_optimizer(cfg, distributed)
     impl = resolve_implementation(cfg.implementation, device_type, distributed)
     kwargs = dict(
         lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay
@@ -50,7 +49,8 @@ def resolve_implementation(implementation: str, device_type: str, distributed: b
 
 
 def check_optimizer(cfg: Optimizer, parameters_distributed: bool) -> None:
-    """Preflight: the compiled kernel only where parameters stay whole tensors."""
+    """The compiled kernel only where parameters stay whole tensors: checked by preflight from
+    the layout, and again by ``build_optimizer`` from the parameters themselves."""
     if cfg.implementation == "compiled" and parameters_distributed:
         raise ConfigError(COMPILED_NEEDS_WHOLE_PARAMETERS)
 
