@@ -3,7 +3,8 @@
     python scripts/bench/optimizer_step.py --flavor 1B [--shard 4] [--device cuda]
 
 Fills fp32 parameters and gradients of the flavor's shapes (each split ``--shard`` ways along
-dim 0, as FSDP shards them) and times, with CUDA events, each way of doing the step:
+dim 0, as FSDP shards them) and times, with CUDA events, each way of doing the step, built
+with the trainer's own ``build_optimizer`` and ``clip_grad_norm``:
 
 * ``fused+clip``: the global norm, ``clip_grads_with_norm_``, then ``AdamW(fused=True)``;
 * ``fused+scale``: the norm, then the fused kernel dividing by ``grad_scale`` (no clip pass);
@@ -23,8 +24,9 @@ import time
 
 import torch
 
-from torchtitan.compiled_adamw import CompiledAdamW
+from torchtitan.config import Optimizer
 from torchtitan.models.llama3 import Transformer, get_model_args
+from torchtitan.optim import build_optimizer, clip_grad_norm
 
 MAX_NORM = 1.0
 STEP_BYTES_PER_PARAM = 28
@@ -50,47 +52,28 @@ def make_params(sizes, device, seed=0):
     return params
 
 
-def norm_of(params) -> torch.Tensor:
-    return torch.nn.utils.get_total_norm([p.grad for p in params], 2.0, foreach=True)
+# name: (--optimizer.implementation, whether clipping goes to the kernel as grad_scale)
+VARIANTS = {
+    "fused+clip": ("fused", False),
+    "fused+scale": ("fused", True),
+    "compiled+scale": ("compiled", True),
+    "foreach+clip": ("foreach", False),
+}
 
 
-def scale_of(norm: torch.Tensor) -> torch.Tensor:
-    return torch.clamp((norm + 1e-6) / MAX_NORM, min=1.0).float()
+def build_step(params, implementation: str, fold_clipping: bool, device):
+    """The trainer's optimizer work for one step: ``clip_grad_norm``, then ``step``."""
+    cfg = Optimizer(lr=3e-4, beta2=0.999, weight_decay=0.1, implementation=implementation)
+    opt = build_optimizer(params, cfg, device.type)
+    if fold_clipping:
+        opt.found_inf = torch.zeros((), device=device)
+    takes_clipping = [opt] if fold_clipping else []
 
+    def step():
+        clip_grad_norm(params, MAX_NORM, optimizers=takes_clipping)
+        opt.step()
 
-def variants(device):
-    def with_clip(opt_kwargs):
-        def build(params):
-            opt = torch.optim.AdamW(params, lr=3e-4, weight_decay=0.1, **opt_kwargs)
-
-            def step():
-                norm = norm_of(params)
-                torch.nn.utils.clip_grads_with_norm_(params, MAX_NORM, norm, foreach=True)
-                opt.step()
-
-            return step
-
-        return build
-
-    def with_scale(cls, **opt_kwargs):
-        def build(params):
-            opt = cls(params, lr=3e-4, weight_decay=0.1, **opt_kwargs)
-            opt.found_inf = torch.zeros((), device=device)
-
-            def step():
-                opt.grad_scale = scale_of(norm_of(params))
-                opt.step()
-
-            return step
-
-        return build
-
-    return {
-        "fused+clip": with_clip({"fused": True}),
-        "fused+scale": with_scale(torch.optim.AdamW, fused=True),
-        "compiled+scale": with_scale(CompiledAdamW),
-        "foreach+clip": with_clip({"foreach": True}),
-    }
+    return step
 
 
 def elapsed_ms(fn, device) -> float:
@@ -106,10 +89,10 @@ def elapsed_ms(fn, device) -> float:
     return start.elapsed_time(end)
 
 
-def time_variant(build, sizes, device, warmup: int, iters: int):
+def time_variant(variant, sizes, device, warmup: int, iters: int):
     params = make_params(sizes, device)
     grads = [p.grad.clone() for p in params]
-    step = build(params)
+    step = build_step(params, *variant, device)
     times = []
     for i in range(warmup + iters):
         for p, g in zip(params, grads):
@@ -137,8 +120,8 @@ def main() -> None:
         f"{torch.cuda.get_device_name(0) if device.type == 'cuda' else 'CPU'}"
     )
     first = None
-    for name, build in variants(device).items():
-        ms, weights = time_variant(build, sizes, device, args.warmup, args.iters)
+    for name, variant in VARIANTS.items():
+        ms, weights = time_variant(variant, sizes, device, args.warmup, args.iters)
         gbps = numel * STEP_BYTES_PER_PARAM / (ms * 1e-3) / 1e9
         if first is None:
             first, diff = weights, 0.0
