@@ -31,3 +31,32 @@ pack() { (cd $out && tar czf logs.tgz logs && rm -rf logs); }
 DEADLINE=$(( $(date +%s) + ${BUDGET:-560} ))
 # fits SECONDS CMD...: run CMD only if SECONDS are left before the call's deadline (so pack still runs).
 fits() { local need=$1; shift; if (( DEADLINE - $(date +%s) > need )); then "$@"; else echo "skipped (no time): $*"; fi; }
+
+# Flags the call scripts share (calls 1-3 spell them out as they ran).
+SAC="--activation_checkpoint.mode selective --activation_checkpoint.save_matmuls alternate"  # ours
+REF_F8="--model.converters quantize.linear.float8"
+REF_F8_FSDP="$REF_F8 --quantize.linear.float8.enable_fsdp_float8_all_gather --quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp"
+OURS_F8_FSDP="--float8.enable --float8.fsdp_float8_all_gather --float8.precompute_scales"
+PROFILE_30="--profiling.enable_profiling --profiling.profile_freq 30 --profiling.profiler_warmup 2 --profiling.profiler_active 1"
+card() { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1; }
+# windows NAME: both sides' metrics lines of steps 10, 20 and 30.
+windows() {
+  for s in ref ours; do
+    echo "$s $1"; grep -E "step:? +(10|20|30)[ /]" $out/logs/${s}_$1.log | grep -v validation \
+      | sed 's/\x1b\[[0-9;]*m//g' | sed 's/.*\(step\)/\1/' | cut -c1-150
+  done
+}
+# traces NAME STEP TOP: scripts/trace_summary.py on both sides' rank-0 trace of that step.
+traces() {
+  local f s
+  for s in ref ours; do
+    f=$(ls /tmp/${s}_$1/profile_traces/iteration_$2/rank0_trace.json 2>/dev/null) && \
+      python3 scripts/trace_summary.py $f --top $3 > $out/logs/trace_${s}_$1.txt 2>&1 && cut -c1-150 $out/logs/trace_${s}_$1.txt
+  done
+}
+# memory RUN STEP ARGS...: scripts/memory_summary.py on run RUN's (e.g. ours_1b_mem) rank-0 snapshot.
+memory() {
+  local run=$1 step=$2 f; shift 2
+  f=$(ls /tmp/$run/memory_snapshot/iteration_$step/rank0_memory_snapshot.pickle 2>/dev/null) && \
+    python3 scripts/memory_summary.py $f "$@" > $out/logs/mem_$run.txt 2>&1 && cut -c1-160 $out/logs/mem_$run.txt
+}
