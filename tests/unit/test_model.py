@@ -8,6 +8,7 @@ import torch
 from torchtitan.models.llama3 import MODEL_FLAVORS, ModelArgs, Transformer, get_model_args
 from torchtitan.models.llama3.model import (
     Attention,
+    RMSNorm,
     apply_rope,
     precompute_rope_cache,
     rope_frequencies,
@@ -126,6 +127,26 @@ def test_rope_matches_complex_rotation_of_consecutive_pairs():
     rot = torch.polar(torch.ones_like(angles), angles)[None, :, None, :]
     ref = torch.view_as_real(torch.view_as_complex(x.double().unflatten(-1, (-1, 2))) * rot)
     torch.testing.assert_close(out, ref.flatten(-2).float(), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rmsnorm_is_x_over_its_rms_in_fp32_times_the_weight(dtype):
+    """Statistics in fp32 whatever the input's dtype (as Llama's reference norm); the output
+    has the input's dtype. bf16: within one bf16 ulp of the fp32 result (statistics computed in
+    bf16 are about 2 ulps off)."""
+    torch.manual_seed(0)
+    norm = RMSNorm(96, eps=1e-5)
+    norm.weight.data = torch.randn(96).to(dtype)
+    x = (3 * torch.randn(2, 5, 96)).to(dtype)
+    xf = x.float()
+    expected = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5) * norm.weight.float()
+    out = norm(x)
+    assert out.dtype == dtype
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-6)
+    else:
+        ulp = torch.exp2(torch.floor(torch.log2(expected.abs())) - 7)  # bf16: 8 mantissa bits
+        assert ((out.float() - expected).abs() <= ulp).all()
 
 
 def test_rope_preserves_norm():
