@@ -32,10 +32,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # torch's op (fp32 statistics, like the hand-written form) rather than pow/mean/rsqrt:
-        # the compiler then keeps the 1/RMS reduction apart from the float8 casts of the output.
-        # Fused with them under selective AC, it was one slow transposing reduction kernel
-        # (1.75 ms per Llama 3 8B block backward on H200).
+        # fp32 statistics, output in x's dtype, times the weight. torch's op rather than the same
+        # formula written out (pow, mean, rsqrt): recomputed under selective AC, the written-out
+        # form was fused with the float8 cast of its output into one slow transposing reduction
+        # kernel (1.75 ms per Llama 3 8B block backward on H200; docs/performance.md, finding 7).
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
     def reset_parameters(self) -> None:
