@@ -332,6 +332,7 @@ def test_float8_tp_styles_only_for_tensorwise_on_cuda_with_every_block_linear_fl
     assert float8_tp_plan(converted, Float8(**EMULATED), "cuda")
     assert not float8_tp_plan(converted, Float8(**EMULATED), "cpu")  # gloo: no float8 all-gather
     assert not float8_tp_plan(converted, Float8(**EMULATED, recipe="rowwise"), "cuda")
+    assert not float8_tp_plan(converted, Float8(**EMULATED, tp_float8_all_gather=False), "cuda")
     partly = meta_model(multiple_of=2)
     apply_float8(partly, Float8(**EMULATED))
     assert not float8_tp_plan(partly, Float8(**EMULATED), "cuda")

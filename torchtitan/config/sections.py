@@ -295,6 +295,11 @@ class Float8(Section):
     precompute_scales: bool = opt(
         False, "with fsdp_float8_all_gather: one amax all-reduce per step for all weights"
     )
+    tp_float8_all_gather: bool = opt(
+        True,
+        "tensorwise + TP on CUDA: all-gather activations in float8 (torchao's float8 TP styles); "
+        "false: in bf16 inside plain TP styles",
+    )
     filter_fqns: list[str] = opt(
         ["output"], "linears whose FQN contains one of these stay in high precision"
     )

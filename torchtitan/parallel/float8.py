@@ -195,6 +195,8 @@ def float8_tp_plan(
 
 
 def _no_float8_tp_reason(model, cfg: Float8, device_type: str, blocks_attr: str) -> str | None:
+    if not cfg.tp_float8_all_gather:
+        return "--float8.tp_float8_all_gather false"
     # torchao's float8 styles only know tensorwise scales.
     if cfg.recipe != "tensorwise":
         return f"recipe {cfg.recipe}"
