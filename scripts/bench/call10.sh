@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Call 10 (4 GPUs): after the RMSNorm change (F.rms_norm), 8B side by side, selective AC,
 # no profiler: FSDP4 Float8 (tensorwise + float8 all-gather + precomputed scales), FSDP4 bf16,
-# FSDP2xTP2 Float8 (float8 TP styles on both sides), FSDP4 Float8 rowwise.
+# FSDP2xTP2 Float8 (float8 TP styles on our side; the reference v0.2.2 keeps plain ones with this
+# converter name, docs/float8.md), FSDP4 Float8 rowwise.
 source scripts/bench/lib.sh
 card
 S="--training.steps 30 --training.seq_len 8192 --compile.enable"
