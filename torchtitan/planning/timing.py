@@ -55,10 +55,10 @@ def _recomputed_share(model: Shapes, layout: Layout) -> tuple[dict[str, float], 
     return {name: float(name in RECOMPUTED[kind]) for name in model.linears}, 0.0
 
 
-def _float8_speedup(work: Workload, name: str) -> float:
+def _float8_speedup(work: Workload, name: str, tp: int) -> float:
     """How much faster linear ``name``'s GEMMs run than in bf16 (their float8 share at
-    FLOAT8_MATMUL_SPEEDUP, the cast overhead included)."""
-    if name not in work.float8_linears:
+    FLOAT8_MATMUL_SPEEDUP, the cast overhead included); none under TP (calibration.py)."""
+    if name not in work.float8_linears or tp > 1:
         return 1.0
     share = work.float8.float8_gemm_share
     return 1 / (share / cal.FLOAT8_MATMUL_SPEEDUP + 1 - share)
@@ -70,7 +70,7 @@ def _block_matmul_seconds(work: Workload, recomputed: dict, tp: int, peak: float
     seconds = 0.0
     for name, weights in work.shape.linears.items():
         flops = 2 * weights / tp * (3 + recomputed[name])
-        seconds += flops / (cal.MATMUL_EFFICIENCY * peak * _float8_speedup(work, name))
+        seconds += flops / (cal.MATMUL_EFFICIENCY * peak * _float8_speedup(work, name, tp))
     return seconds
 
 
@@ -86,7 +86,7 @@ def _compute_seconds(work: Workload, layout: Layout, hw: Hardware, stages: RankS
     seconds += blocks * attn * (3 + attn_share) / (attn_eff * peak)
     if stages.head:
         head_flops = tokens * 6 * model.vocab * model.dim / layout.tp
-        head_speed = cal.MATMUL_EFFICIENCY * peak * _float8_speedup(work, HEAD)
+        head_speed = cal.MATMUL_EFFICIENCY * peak * _float8_speedup(work, HEAD, layout.tp)
         seconds += head_flops / head_speed
         kind = "compiled" if work.compile and work.compile_loss else "eager"
         vocab = model.vocab / (layout.tp if work.loss_parallel else 1)
