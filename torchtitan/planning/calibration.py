@@ -34,8 +34,8 @@ ATTENTION_HALF_SEQ = 1950  # sequence length (per CP rank) at which half of that
 FLOAT8_MATMUL_SPEEDUP = 1.34
 # Under TP the float8 linears are taken as fast as bf16: 8B FSDP2xTP2 on 4x H200 ran slower with
 # Float8 than in bf16 in both frameworks (ours 7,332 vs 7,788, the reference 7,520 vs 7,921
-# tokens/s/GPU; the bf16 rows from an earlier call), the casts' amax all-reduces and smaller
-# per-rank GEMMs eating the gain. Only that one layout was measured.
+# tokens/s/GPU; the bf16 rows from an earlier call). Why was not profiled; only that one layout
+# was measured.
 EAGER_SLOWDOWN = 0.76  # tokens/s of eager blocks relative to compiled (1B, 1x H200)
 # Bytes moved per token per vocabulary entry by the loss's forward + backward.
 LOSS_TRAFFIC_BYTES_PER_VOCAB = {"eager": 32.0, "compiled": 6.0}
