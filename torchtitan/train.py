@@ -27,10 +27,8 @@ from torchtitan.observability.fault_injection import FaultInjector
 from torchtitan.observability.numerics import NonFiniteGuard
 from torchtitan.observability.profiling import maybe_profile
 from torchtitan.optim import build_lr_scheduler, build_optimizer, clip_grad_norm
-from torchtitan.overlapped_update import OverlappedUpdate, forward_units
 from torchtitan.parallel.context_parallel import cp_context
 from torchtitan.parallel.float8 import precompute_float8_scales
-from torchtitan.parallel.llama import LLAMA_BLOCKS, LLAMA_INPUT_MODULES, LLAMA_OUTPUT_MODULES
 from torchtitan.parallel.tensor_parallel import plain_loss
 from torchtitan.validate import ForwardPieces, Validator
 
@@ -68,7 +66,6 @@ class Trainer:
         self.lr_schedulers = [
             build_lr_scheduler(opt, cfg.training.steps, cfg.lr_scheduler) for opt in self.optimizers
         ]
-        self.overlap = self._build_overlapped_update()
         self.nonfinite = NonFiniteGuard(cfg.training.on_nonfinite, self.optimizers, logger)
         global_batch = self.accum_steps * cfg.training.local_batch_size * self.dims.dp_degree
         self.train_state = TrainState(settings=run_settings(cfg, global_batch))
@@ -78,36 +75,6 @@ class Trainer:
             load_hf_weights(self.model_parts, cfg.checkpoint.initial_load_path, self.model_args)
         self.metrics = self._build_metrics()
         self.validator = self._build_validator() if cfg.validation.enable else None
-
-    def _build_overlapped_update(self) -> OverlappedUpdate | None:
-        if not self.cfg.optimizer.overlap_forward:
-            return None
-        units = [
-            forward_units(part, LLAMA_BLOCKS, LLAMA_INPUT_MODULES, LLAMA_OUTPUT_MODULES)
-            for part in self.model_parts
-        ]
-        f8 = self.cfg.float8
-        scales = None
-        if f8.enable and f8.precompute_scales:
-
-            def scales(module: nn.Module) -> None:
-                precompute_float8_scales([module], f8)
-
-        return OverlappedUpdate(units, self.optimizers, scales, self.device)
-
-    def _update_weights(self) -> None:
-        """The optimizers' step: queued under the next forward where it can be (from the second
-        update on: the first creates the optimizer state), else at once."""
-        if self.overlap is not None and self.overlap.ready():
-            self.overlap.step()
-            return
-        for optimizer in self.optimizers:
-            optimizer.step()
-
-    def _flush_updates(self) -> None:
-        """Before anything but the next forward reads the weights or optimizer state."""
-        if self.overlap is not None:
-            self.overlap.flush()
 
     def _summed_loss(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return self.summed_loss(output, labels)  # built once the model parts exist
@@ -287,8 +254,7 @@ class Trainer:
         return local
 
     def train_step(self, data_iter) -> StepStats:
-        if self.overlap is None or not self.overlap.pending:  # else each block's forward does
-            precompute_float8_scales(self.model_parts, self.cfg.float8)
+        precompute_float8_scales(self.model_parts, self.cfg.float8)
         loss, data_seconds = self.forward_backward(data_iter)
         params = [p for part in self.model_parts for p in part.parameters()]
         pp_group = self.dims.mesh("pp").get_group() if self.dims.pp > 1 else None
@@ -297,9 +263,10 @@ class Trainer:
         grad_norm = clip_grad_norm(params, self.cfg.training.max_norm, pp_group, self.optimizers)
         lr = self.optimizers[0].param_groups[0]["lr"]  # what this step uses
         # Both values are global (data-parallel mean loss, global norm): every rank decides alike.
-        if self.nonfinite.before_optimizer_step(self.step, loss, grad_norm):
-            self._update_weights()
+        apply_update = self.nonfinite.before_optimizer_step(self.step, loss, grad_norm)
         for optimizer, lr_scheduler in zip(self.optimizers, self.lr_schedulers):
+            if apply_update:
+                optimizer.step()
             lr_scheduler.step()
             optimizer.zero_grad(set_to_none=True)
         return StepStats(
@@ -351,10 +318,8 @@ class Trainer:
                 saved = self._finish_step(stats, first_step=self.step == first + 1)
                 if stop_signal := preemption.requested():
                     self.nonfinite.resolve(wait=True)
-                    self._flush_updates()
                     self._stop_for_preemption(saved, stop_signal)
         self.nonfinite.resolve(wait=True)
-        self._flush_updates()
         self.checkpointer.close()
         losses = history.tolist()
         logger.info("training done: %d steps, final loss %.4f", self.step, losses[-1])
@@ -381,12 +346,10 @@ class Trainer:
     def _finish_step(self, stats: StepStats, first_step: bool) -> bool:
         """Log, validate, checkpoint after a step; -> whether a checkpoint was saved."""
         last_step = self.step == self.cfg.training.steps
-        saving = self.checkpointer.should_save(self.step, last_step)
-        if self.metrics.should_log(self.step) or saving:
+        if self.metrics.should_log(self.step) or self.checkpointer.should_save(
+            self.step, last_step
+        ):
             self.nonfinite.resolve(wait=True)  # nothing is logged or saved past a bad step
-        validating = self.validator is not None and self.validator.should_run(self.step, last_step)
-        if saving or validating:
-            self._flush_updates()
         self.metrics.record(stats)
         self._maybe_validate(last_step)
         self.train_state.step = self.step

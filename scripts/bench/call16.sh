@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# --optimizer.overlap_forward ran at commit 27489a0 and was removed in the next commit (it bought
+# +0.5% on bf16 at +2.1 GiB and nothing on Float8: docs/performance.md, finding 13).
 # Call 16 (4 GPUs): the optimizer update under the next forward (--optimizer.overlap_forward),
 # 8B FSDP4 selective AC, bf16 and Float8 (tensorwise + float8 all-gather + precomputed scales):
 # the reference, ours without and ours with it, in one call. Then the GPU test of the overlap

@@ -87,21 +87,6 @@ def test_fsdp2_float8_all_gather_matches_single_process(fsdp2, reference):
     assert_matches(fsdp2, reference)
 
 
-def test_update_under_the_forward_changes_nothing(fsdp2, seed_checkpoint, tmp_path):
-    """--optimizer.overlap_forward: each block's weights updated and their scales precomputed
-    right before its forward (and all at once before the step-2 checkpoint): bitwise the same."""
-    train(
-        2,
-        tmp_path,
-        *FLOAT8,
-        *FLOAT8_ALL_GATHER,
-        *CHECKPOINTS,
-        "--optimizer.overlap_forward",
-        f"--checkpoint.initial_load_path={seed_checkpoint}",
-    )
-    assert curves_by_step(tmp_path) == curves_by_step(fsdp2)
-
-
 def test_fsdp2_tp2_selective_ac_matches_single_process(seed_checkpoint, reference, tmp_path):
     out = train(
         4,

@@ -87,11 +87,6 @@ class Optimizer(Section):
         "kernel: compiled (one torch.compile'd kernel per parameter), fused, foreach, "
         "for-loop; auto = compiled on CUDA (fused without Triton), foreach on CPU",
     )
-    overlap_forward: bool = opt(
-        False,
-        "update on a side CUDA stream, block by block, under the next step's forward (same "
-        "arithmetic; docs/performance.md)",
-    )
 
     def validate(self) -> None:
         super().validate()
