@@ -326,17 +326,18 @@ def test_scaled_mm_counts_as_a_matmul_for_alternate():
 # --------------------------------------------------------------------------- TP and metrics
 
 
-def test_float8_tp_styles_only_for_tensorwise_on_cuda_with_every_block_linear_float8():
+def test_float8_tp_styles_only_when_asked_for_tensorwise_on_cuda_with_every_linear_float8():
     converted = meta_model()
     apply_float8(converted, Float8(**EMULATED))
-    assert float8_tp_plan(converted, Float8(**EMULATED), "cuda")
-    assert not float8_tp_plan(converted, Float8(**EMULATED), "cpu")  # gloo: no float8 all-gather
-    assert not float8_tp_plan(converted, Float8(**EMULATED, recipe="rowwise"), "cuda")
-    assert not float8_tp_plan(converted, Float8(**EMULATED, tp_float8_all_gather=False), "cuda")
+    asked = dict(EMULATED, tp_float8_all_gather=True)
+    assert float8_tp_plan(converted, Float8(**asked), "cuda")
+    assert not float8_tp_plan(converted, Float8(**EMULATED), "cuda")  # the default: plain styles
+    assert not float8_tp_plan(converted, Float8(**asked), "cpu")  # gloo: no float8 all-gather
+    assert not float8_tp_plan(converted, Float8(**asked, recipe="rowwise"), "cuda")
     partly = meta_model(multiple_of=2)
     apply_float8(partly, Float8(**EMULATED))
-    assert not float8_tp_plan(partly, Float8(**EMULATED), "cuda")
-    assert not float8_tp_plan(meta_model(), Float8(), "cuda")
+    assert not float8_tp_plan(partly, Float8(**asked), "cuda")
+    assert not float8_tp_plan(meta_model(), Float8(tp_float8_all_gather=True), "cuda")
 
 
 def test_block_plan_with_float8_styles():

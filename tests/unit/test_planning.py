@@ -305,7 +305,7 @@ def test_top_pick_for_8b_on_4_h200_is_near_the_best_measured_layout():
         and "--float8.enable" not in p["args"]
     ]
     best = max(measured_8b_h200_bf16, key=lambda p: p["tokens_per_second"])
-    assert best["name"] == "8B FSDP4, AC off (pre-GQA)"  # 9,519 tokens/s
+    assert best["name"] == "8B FSDP4, AC off (H200, call 17)"  # 9,678 tokens/s
     cfg = parse_args(["--job.config_file", "train_configs/llama3_8b.toml"])
     hw = make_hardware(4, card="H200")
     plan = search(cfg, Workload.from_config(cfg).with_(compile=True, compile_loss=True), hw)

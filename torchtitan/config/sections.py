@@ -296,9 +296,9 @@ class Float8(Section):
         False, "with fsdp_float8_all_gather: one amax all-reduce per step for all weights"
     )
     tp_float8_all_gather: bool = opt(
-        True,
-        "tensorwise + TP on CUDA: all-gather activations in float8 (torchao's float8 TP styles); "
-        "false: in bf16 inside plain TP styles",
+        False,
+        "tensorwise + TP on CUDA: all-gather activations in float8 (torchao's float8 TP styles; "
+        "slower than the plain ones at 8B FSDP2xTP2: docs/float8.md); false: bf16, plain styles",
     )
     filter_fqns: list[str] = opt(
         ["output"], "linears whose FQN contains one of these stay in high precision"

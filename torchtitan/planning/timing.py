@@ -57,9 +57,11 @@ def _recomputed_share(model: Shapes, layout: Layout) -> tuple[dict[str, float], 
 
 def _float8_speedup(work: Workload, name: str, tp: int) -> float:
     """How much faster linear ``name``'s GEMMs run than in bf16 (their float8 share at
-    FLOAT8_MATMUL_SPEEDUP, the cast overhead included); none under TP (calibration.py)."""
-    if name not in work.float8_linears or tp > 1:
+    FLOAT8_MATMUL_SPEEDUP, the cast overhead included); under TP slower (calibration.py)."""
+    if name not in work.float8_linears:
         return 1.0
+    if tp > 1:
+        return cal.FLOAT8_SPEED_UNDER_TP
     share = work.float8.float8_gemm_share
     return 1 / (share / cal.FLOAT8_MATMUL_SPEEDUP + 1 - share)
 
