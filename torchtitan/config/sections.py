@@ -298,7 +298,7 @@ class Float8(Section):
     tp_float8_all_gather: bool = opt(
         False,
         "tensorwise + TP on CUDA: all-gather activations in float8 (torchao's float8 TP styles; "
-        "slower than the plain ones at 8B FSDP2xTP2: docs/float8.md); false: bf16, plain styles",
+        "slower in the one A/B measured, docs/float8.md); false: bf16, plain styles",
     )
     filter_fqns: list[str] = opt(
         ["output"], "linears whose FQN contains one of these stay in high precision"
