@@ -15,7 +15,7 @@ grep -E "step +[0-9]+/" $out/logs/ours_rowwise_b2.log | sed 's/^\[rank0\]://' | 
 S="--training.steps 30 --training.seq_len 8192 --compile.enable"
 TP2="--parallelism.tensor_parallel_degree 2"
 T=170 fits 420 ours fsdp2tp2_f8_plain_tp 0,1,2,3 $S $TP2 --compile.loss $SAC $OURS_F8_FSDP $PROFILE_30
-T=170 fits 350 ref fsdp2tp2_f8 0,1,2,3 $S $TP2 $REF_F8_FSDP $PROFILE_30
+T=170 fits 350 ref fsdp2tp2_f8 0,1,2,3 $S $TP2 $REF_F8_FSDP $REF_PROFILE_30
 T=170 fits 280 ours fsdp2tp2_f8 0,1,2,3 $S $TP2 --compile.loss $SAC $OURS_F8_FSDP --float8.tp_float8_all_gather true $PROFILE_30
 windows fsdp2tp2_f8
 grep -E "step +(10|20|30)/" $out/logs/ours_fsdp2tp2_f8_plain_tp.log | sed 's/^\[rank0\]://' | cut -c1-150

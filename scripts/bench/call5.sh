@@ -16,7 +16,7 @@ T=150 ours 1b_f8_speed 0 --training.steps 30 --training.seq_len 8192 $B4 $O --fl
 wait
 for run in ref_1b_mem ours_1b_mem ours_1b_f8all_mem; do memory $run 12 --top 16 --last 14; done
 S="--training.steps 30 --training.seq_len 8192 --compile.enable --training.local_batch_size 2"
-T=150 fits 150 ref 1b_fsdp2_f8 0,1 $S --model.flavor 1B $REF_F8_FSDP $PROFILE_30 --profiling.save_traces_folder profile_traces
+T=150 fits 150 ref 1b_fsdp2_f8 0,1 $S --model.flavor 1B $REF_F8_FSDP $REF_PROFILE_30
 T=150 fits 150 ours 1b_fsdp2_f8 0,1 $S $SAC $O $OURS_F8_FSDP --float8.skip_small false $PROFILE_30
 windows 1b_fsdp2_f8
 traces 1b_fsdp2_f8 30 14

@@ -19,7 +19,7 @@ wait
 T=170 fits 200 ours 1b_f8_skipsmall 0 $S --compile.loss $B4 --float8.enable &
 T=170 fits 200 ours 1b_acoff_fused 1 $S --compile.loss $B4 --optimizer.implementation fused &
 wait
-T=140 fits 140 ref 1b_fsdp2_f8 0,1 $S --model.flavor 1B --training.local_batch_size 2 $REF_F8_FSDP $PROFILE_30 --profiling.save_traces_folder profile_traces
+T=140 fits 140 ref 1b_fsdp2_f8 0,1 $S --model.flavor 1B --training.local_batch_size 2 $REF_F8_FSDP $REF_PROFILE_30
 T=140 fits 140 ours 1b_fsdp2_f8 0,1 $S --compile.loss --training.local_batch_size 2 $SAC $OURS_F8_FSDP --float8.skip_small false $PROFILE_30
 windows 1b_fsdp2_f8
 traces 1b_fsdp2_f8 30 12

@@ -5,10 +5,9 @@
 source scripts/bench/lib.sh
 card
 S="--training.steps 30 --training.seq_len 8192 --compile.enable"
-REF_PROF="$PROFILE_30 --profiling.save_traces_folder profile_traces"
-T=150 fits 330 ref fsdp4_f8 0,1,2,3 $S $REF_F8_FSDP $REF_PROF
+T=150 fits 330 ref fsdp4_f8 0,1,2,3 $S $REF_F8_FSDP $REF_PROFILE_30
 T=150 fits 270 ours fsdp4_f8 0,1,2,3 $S --compile.loss $SAC $OURS_F8_FSDP $PROFILE_30
-T=150 fits 210 ref fsdp4_bf16 0,1,2,3 $S $REF_PROF
+T=150 fits 210 ref fsdp4_bf16 0,1,2,3 $S $REF_PROFILE_30
 T=150 fits 150 ours fsdp4_bf16 0,1,2,3 $S --compile.loss $SAC $PROFILE_30
 windows fsdp4_f8
 windows fsdp4_bf16

@@ -38,6 +38,8 @@ REF_F8="--model.converters quantize.linear.float8"
 REF_F8_FSDP="$REF_F8 --quantize.linear.float8.enable_fsdp_float8_all_gather --quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp"
 OURS_F8_FSDP="--float8.enable --float8.fsdp_float8_all_gather --float8.precompute_scales"
 PROFILE_30="--profiling.enable_profiling --profiling.profile_freq 30 --profiling.profiler_warmup 2 --profiling.profiler_active 1"
+# The reference writes traces elsewhere by default; this puts them where `traces` looks.
+REF_PROFILE_30="$PROFILE_30 --profiling.save_traces_folder profile_traces"
 card() { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | head -1; }
 # windows NAME: both sides' metrics lines of steps 10, 20 and 30.
 windows() {
