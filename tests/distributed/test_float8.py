@@ -14,7 +14,8 @@ moving by an ulp of e4m3 (2^-3 to 2^-4 of itself) instead of 1e-7. Measured over
 FSDP2xTP2 with selective AC 5.5e-6 / 1.7e-5, HSDP 2x2 1.1e-7 / 9.5e-7, PP2 (Interleaved1F1B and
 ZBVZeroBubble) 0 / 2.2e-16, rowwise FSDP2xTP2 with full AC against rowwise at batch 8 5.1e-6 /
 6.0e-5. RTOL = 1e-4 leaves 6x headroom (1.7x for rowwise). CP2 scales each rank's half of the
-sequence on its own (6.7e-6 / 7.4e-5), so it gets CP_RTOL = 3e-4. What it tells
+sequence on its own (6.7e-6 / 7.4e-5), and FSDP2xTP2 with ``--float8.tp_shard_scales`` (the
+default) each TP shard (1.9e-5 / 5.0e-5, 2026-11-27), so they get CP_RTOL = 3e-4. What it tells
 apart (measured over the first 4 steps of a 6-step run): scaling activations over batch 8 at
 once moves the curves by up to 2e-4 (grad norm), training without float8 by up to 9e-4; a
 missing or doubled gradient reduction, or unloaded weights, by 1e-2 or more.
@@ -88,6 +89,27 @@ def test_fsdp2_float8_all_gather_matches_single_process(fsdp2, reference):
 
 
 def test_fsdp2_tp2_selective_ac_matches_single_process(seed_checkpoint, reference, tmp_path):
+    """With whole-tensor scales (the amax of every TP-sharded tensor all-reduced), TP rounds
+    every cast as one process does."""
+    out = train(
+        4,
+        tmp_path,
+        *FLOAT8,
+        *FLOAT8_ALL_GATHER,
+        "--float8.tp_shard_scales=false",
+        "--parallelism.tensor_parallel_degree=2",
+        "--activation_checkpoint.mode=selective",
+        f"--checkpoint.initial_load_path={seed_checkpoint}",
+    )
+    assert "all-gathered in high precision (--float8.tp_float8_all_gather false)" in out
+    assert_matches(tmp_path, reference)
+
+
+def test_fsdp2_tp2_shard_scales_match_single_process_within_shard_scaling(
+    seed_checkpoint, reference, tmp_path
+):
+    """``--float8.tp_shard_scales`` (the default): each TP rank scales its shards on its own,
+    so the casts round like CP's (CP_RTOL)."""
     out = train(
         4,
         tmp_path,
@@ -97,8 +119,8 @@ def test_fsdp2_tp2_selective_ac_matches_single_process(seed_checkpoint, referenc
         "--activation_checkpoint.mode=selective",
         f"--checkpoint.initial_load_path={seed_checkpoint}",
     )
-    assert "all-gathered in high precision (--float8.tp_float8_all_gather false)" in out
-    assert_matches(tmp_path, reference)
+    assert "float8 + TP: 42 linears scale their TP shards on their own" in out
+    assert_matches(tmp_path, reference, rtol=CP_RTOL)
 
 
 @pytest.mark.parametrize("schedule", ["Interleaved1F1B", "ZBVZeroBubble"])
@@ -149,10 +171,12 @@ def test_cp2_matches_single_process_within_shard_scaling(seed_checkpoint, refere
 
 def test_rowwise_fsdp2_tp2_full_ac_matches_single_process(seed_checkpoint, tmp_path):
     """Rowwise scales are per row of each matmul operand (a token's activations, a weight's
-    output row), so no layout or batch grouping changes them: the reference trains batch 8."""
+    output row), so no layout or batch grouping changes them (with whole-tensor rows under TP,
+    not ``tp_shard_scales``' shard rows): the reference trains batch 8."""
     rowwise = [
         *FLOAT8,
         "--float8.recipe=rowwise",
+        "--float8.tp_shard_scales=false",
         f"--checkpoint.initial_load_path={seed_checkpoint}",
     ]
     train(1, tmp_path / "one", *rowwise, "--training.local_batch_size=8")

@@ -301,9 +301,9 @@ def test_top_pick_for_8b_on_4_h200_is_near_the_best_measured_layout():
         for p in load_points()
         if p["card"] == "H200"
         and p["gpus"] == 4
-        and "--model.flavor 8B --training.seq_len 8192" in p["args"]
+        and "--model.flavor 8B --training.seq_len 8192 --training.local_batch_size 1" in p["args"]
         and "--float8.enable" not in p["args"]
-    ]
+    ]  # the config's global batch (4 samples), which the planner keeps
     best = max(measured_8b_h200_bf16, key=lambda p: p["tokens_per_second"])
     assert best["name"] == "8B FSDP4, AC off (H200, call 17)"  # 9,678 tokens/s
     cfg = parse_args(["--job.config_file", "train_configs/llama3_8b.toml"])

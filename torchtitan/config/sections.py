@@ -300,6 +300,12 @@ class Float8(Section):
         "tensorwise + TP on CUDA: all-gather activations in float8 (torchao's float8 TP styles; "
         "slower in the one A/B measured, docs/float8.md); false: bf16, plain styles",
     )
+    tp_shard_scales: bool = opt(
+        True,
+        "under TP: scale each rank's shard by its own amax, not the whole tensor's (no amax "
+        "all-reduce per cast, faster in the one A/B measured; numerics differ from one device "
+        "like CP's, docs/float8.md)",
+    )
     filter_fqns: list[str] = opt(
         ["output"], "linears whose FQN contains one of these stay in high precision"
     )
@@ -322,6 +328,11 @@ class Float8(Section):
         _check(
             not self.precompute_scales or self.fsdp_float8_all_gather,
             "--float8.precompute_scales needs --float8.fsdp_float8_all_gather",
+        )
+        _check(
+            not (self.tp_shard_scales and self.tp_float8_all_gather),
+            "--float8.tp_float8_all_gather needs --float8.tp_shard_scales false (the float8 TP "
+            "styles scale each activation as a whole before all-gathering it)",
         )
 
 

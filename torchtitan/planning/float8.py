@@ -36,12 +36,19 @@ class Float8Setting:
     fsdp_float8_all_gather: bool = False
     skip_small: bool = False
     filter_fqns: tuple[str, ...] = (HEAD,)
+    tp_shard_scales: bool = True
 
     @classmethod
     def from_config(cls, cfg: Float8) -> Float8Setting | None:
         if not cfg.enable:
             return None
-        return cls(cfg.recipe, cfg.fsdp_float8_all_gather, cfg.skip_small, tuple(cfg.filter_fqns))
+        return cls(
+            cfg.recipe,
+            cfg.fsdp_float8_all_gather,
+            cfg.skip_small,
+            tuple(cfg.filter_fqns),
+            cfg.tp_shard_scales,
+        )
 
     @property
     def float8_gemm_share(self) -> float:

@@ -61,6 +61,8 @@ def _float8_speedup(work: Workload, name: str, tp: int) -> float:
     if name not in work.float8_linears:
         return 1.0
     if tp > 1:
+        if work.float8.tp_shard_scales:
+            return cal.FLOAT8_SPEED_UNDER_TP_SHARD_SCALES
         return cal.FLOAT8_SPEED_UNDER_TP
     share = work.float8.float8_gemm_share
     return 1 / (share / cal.FLOAT8_MATMUL_SPEEDUP + 1 - share)
