@@ -38,6 +38,17 @@ LAYOUTS = {
             "--activation_checkpoint.selective_ac_option=2",
         ],
     ),
+    # Compile + TP + full AC: the checkpoint wraps the compiled block (torch 2.13 fails the
+    # other order, docs/parallelism.md).
+    "tp2_compile_full_ac": (
+        2,
+        [
+            "--training.local_batch_size=8",
+            "--parallelism.tensor_parallel_degree=2",
+            "--compile.enable",
+            "--activation_checkpoint.mode=full",
+        ],
+    ),
     "fsdp4": (4, ["--training.local_batch_size=2"]),
     "hsdp2x2": (
         4,

@@ -58,3 +58,32 @@ def test_first_block_input_is_cloned_only_when_asked():
 
     assert first_block_hooks(False) == 0
     assert first_block_hooks(True) == 1
+
+
+def test_in_place_compile_keeps_the_blocks_and_their_names_for_an_outer_checkpoint():
+    """``in_place``: what parallelize_llama does under TP with whole-block checkpointing, so
+    the checkpoint wrapper goes around the compiled block and DCP's names stay the plain ones."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from torchtitan.models.llama3 import Transformer, get_model_args
+    from torchtitan.parallel.activation_checkpoint import apply_ac
+    from torchtitan.parallel.compile import apply_compile
+
+    def model():
+        torch.manual_seed(0)
+        m = Transformer(get_model_args("debugmodel", max_seq_len=32))
+        m.init_weights()
+        return m
+
+    plain, wrapped = model(), model()
+    apply_compile(wrapped, in_place=True)
+    assert all(type(b) is type(plain.layers["0"]) for b in wrapped.layers.values())
+    apply_ac(wrapped, "full")
+    assert get_model_state_dict(wrapped).keys() == get_model_state_dict(plain).keys()
+    tokens = torch.randint(256, (2, 32))
+    losses = [m(tokens).float().square().mean() for m in (plain, wrapped)]
+    for loss in losses:
+        loss.backward()
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
+    grads = [m.layers["1"].feed_forward.w2.weight.grad for m in (plain, wrapped)]
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)

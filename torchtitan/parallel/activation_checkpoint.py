@@ -75,6 +75,12 @@ def _wrap(block: nn.Module, selective: bool, save_matmuls: str) -> nn.Module:
     return checkpoint_wrapper(block, preserve_rng_state=False)
 
 
+def checkpoints_whole_blocks(mode: str, selective_ac_option: str = "op") -> bool:
+    """Whether ``apply_ac`` wraps blocks in plain (full) checkpointing: mode "full", or
+    "selective" with every N-th block; not the selective-op policy."""
+    return mode == "full" or (mode == "selective" and selective_ac_option != "op")
+
+
 def apply_ac(
     model: nn.Module,
     mode: str,

@@ -19,14 +19,25 @@ def _compile(block: nn.Module) -> nn.Module:
     return torch.compile(block, fullgraph=True)
 
 
+def _compile_forward(block: nn.Module) -> nn.Module:
+    """Compile ``block.forward`` in place: the module keeps its class and parameter names, so a
+    checkpoint wrapper around it reads as one around the plain block (DCP's names)."""
+    block.forward = torch.compile(block.forward, fullgraph=True)
+    return block
+
+
 def _clone_tensor_inputs(module, args):
     return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
 
 
 def apply_compile(
-    model: nn.Module, blocks_attr: str = "layers", clone_first_input: bool = False
+    model: nn.Module,
+    blocks_attr: str = "layers",
+    clone_first_input: bool = False,
+    in_place: bool = False,
 ) -> None:
-    """Replace each block with its compiled wrapper, in place.
+    """Replace each block with its compiled wrapper, in place (``in_place``: compile each
+    block's forward and keep the module, for a checkpoint wrapper to go around it).
 
     ``clone_first_input``: clone the first block's tensor inputs (eagerly, outside the compiled
     region). Needed under tensor parallelism: on torch 2.13 a compiled block that directly
@@ -34,7 +45,7 @@ def apply_compile(
     attribute '_local_tensor'", and one eager op in between avoids it. The copy costs one
     activation (0.25 GiB for 1B at 4 x 8,192 tokens), so it is off otherwise.
     """
-    replace_blocks(model, _compile, blocks_attr)
+    replace_blocks(model, _compile_forward if in_place else _compile, blocks_attr)
     if clone_first_input:
         first = block_items(model, blocks_attr)[0][1]
         first.register_forward_pre_hook(_clone_tensor_inputs)

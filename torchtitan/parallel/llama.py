@@ -29,7 +29,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from torchtitan.dtypes import DTYPES
-from torchtitan.parallel.activation_checkpoint import apply_ac
+from torchtitan.parallel.activation_checkpoint import apply_ac, checkpoints_whole_blocks
 from torchtitan.parallel.compile import apply_compile
 from torchtitan.parallel.float8 import apply_float8, float8_tp_plan, float8_tp_styles
 from torchtitan.parallel.float8_tp import scale_float8_by_shard
@@ -119,9 +119,22 @@ def parallelize_llama(model: nn.Module, dims: ParallelDims, cfg: JobConfig, devi
         if p.enable_async_tensor_parallel:
             enable_async_tp()
     ac = cfg.activation_checkpoint
-    apply_ac(model, ac.mode, ac.selective_ac_option, LLAMA_BLOCKS, ac.save_matmuls)
+    # torch 2.13 fails to run a compiled block that fully checkpoints DTensor ops ("expected all
+    # tensors_saved_with_vc_check to be Tensors": the TP mesh the recompute needs is saved among
+    # the tensors), so under TP full checkpointing wraps the compiled block instead.
+    checkpoint_outside = (
+        cfg.compile.enable
+        and dims.tp > 1
+        and checkpoints_whole_blocks(ac.mode, ac.selective_ac_option)
+    )
+    if not checkpoint_outside:
+        apply_ac(model, ac.mode, ac.selective_ac_option, LLAMA_BLOCKS, ac.save_matmuls)
     if cfg.compile.enable:
-        apply_compile(model, LLAMA_BLOCKS, clone_first_input=dims.tp > 1)
+        apply_compile(
+            model, LLAMA_BLOCKS, clone_first_input=dims.tp > 1, in_place=checkpoint_outside
+        )
+    if checkpoint_outside:
+        apply_ac(model, ac.mode, ac.selective_ac_option, LLAMA_BLOCKS, ac.save_matmuls)
     if dims.data_parallel:
         on_gpu = device_type == "cuda"
         t = cfg.training
