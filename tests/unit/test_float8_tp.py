@@ -96,7 +96,6 @@ def test_layouts_of_column_and_row_parallel_linears(tp_mesh):
     assert _local_layout(dt((2, 3, 8), Shard(2)), row) == (Shard(2), Partial())
     assert _local_layout(dt((2, 3, 8), Shard(1)), row) is None  # not a TP linear's layout
     assert _local_layout(dt((2, 3, 4), Replicate()), dt((8, 4), Replicate())) is None
-    assert isinstance(column, DTensor)
 
 
 def test_float8_tp_styles_need_whole_tensor_scales():

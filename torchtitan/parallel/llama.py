@@ -5,12 +5,13 @@ The helpers it composes (``apply_tp``, ``apply_ac``, ``apply_compile``, ``apply_
 pipeline split (``build_stage_module``) take the module names and plans as arguments (Llama's
 names are their defaults).
 
-Composition order: float8 linears (optional) -> TP/SP (+ loss parallel, async TP) -> activation
-checkpointing -> per-block compile -> FSDP2 (or HSDP / DDP). Float8 conversion swaps modules,
-which the TP styles and FSDP then wrap. TP must come before the rest because it replaces
-parameters with DTensors that AC, compile and FSDP then see; compile wraps the checkpointed
-blocks; FSDP wraps the compiled blocks, so its hooks stay outside the compiled graphs. The caller
-then materializes (``to_empty``) and initializes.
+Composition order: float8 linears (optional) -> TP/SP (+ loss parallel, async TP, float8 shard
+scales) -> activation checkpointing -> per-block compile -> FSDP2 (or HSDP / DDP). Float8
+conversion swaps modules, which the TP styles and FSDP then wrap. TP must come before the rest
+because it replaces parameters with DTensors that AC, compile and FSDP then see; compile wraps
+the checkpointed blocks (except whole-block checkpointing under TP, which goes around the
+compiled block: see ``parallelize_llama``); FSDP wraps the compiled blocks, so its hooks stay
+outside the compiled graphs. The caller then materializes (``to_empty``) and initializes.
 """
 
 from __future__ import annotations

@@ -36,8 +36,9 @@ FLOAT8_MATMUL_SPEEDUP = 1.34
 # style: 8B FSDP2xTP2 on 4x H100 (call 18, one call) Float8 6,040 tokens/s/GPU against bf16
 # 7,653 (0.79x of the step); on 4x H200 Float8 6,559-7,332 (float8 styles) and 7,288 (plain)
 # against bf16 ~7,788 (another call); the reference 6,179-7,520 against 7,921. Fitted as the
-# float8 linears' GEMM time over bf16's under TP (0.78 gives 0.85x of the whole step). Why was not
-# profiled.
+# float8 linears' GEMM time over bf16's under TP (0.78 gives 0.85x of the whole step). The cause:
+# an amax all-reduce per cast of a TP-sharded tensor (docs/performance.md, finding 14); what is
+# left with --float8.tp_shard_scales false.
 FLOAT8_SPEED_UNDER_TP = 0.78
 # With --float8.tp_shard_scales (the default since 2026-11-27) no amax is all-reduced: 8B
 # FSDP2xTP2 Float8 7,730 tokens/s/GPU (call 21) against bf16 7,981 (call 20), both 4x H200.
