@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Call 19 (4 GPUs). (1) 8B FSDP2xTP2 Float8: the scalar amax all-reduces of the sharded casts
 # (finding 14) against --float8.tp_shard_scales, which scales each TP shard on its own; both
-# profiled at step 30 (compare steps 11-20), the reference between them. (2) Rowwise Float8 +
+# profiled at step 30 (compare steps 11-20), the reference between them. (When this ran, false was
+# the default and the first run passed no flag; it became the default after this call.) (2) Rowwise Float8 +
 # selective AC at 8B with local batch 2 (the 8B runs that diverged had batch 1): the refusal is
 # lifted in a copy of the tree; 6 steps, the grad norm of step 1 is the answer.
 source scripts/bench/lib.sh
 card
 S="--training.steps 30 --training.seq_len 8192 --compile.enable"
 TP2="--parallelism.tensor_parallel_degree 2"
-T=170 fits 420 ours fsdp2tp2_f8 0,1,2,3 $S $TP2 --compile.loss $SAC $OURS_F8_FSDP $PROFILE_30
+T=170 fits 420 ours fsdp2tp2_f8 0,1,2,3 $S $TP2 --compile.loss $SAC $OURS_F8_FSDP --float8.tp_shard_scales false $PROFILE_30
 T=170 fits 300 ref fsdp2tp2_f8 0,1,2,3 $S $TP2 $REF_F8_FSDP
 T=170 fits 170 ours fsdp2tp2_f8_shard 0,1,2,3 $S $TP2 --compile.loss $SAC $OURS_F8_FSDP --float8.tp_shard_scales $PROFILE_30
 for r in fsdp2tp2_f8 fsdp2tp2_f8_shard; do echo "ours $r"; grep -E "step +(10|20|30)/" $out/logs/ours_$r.log | sed 's/^\[rank0\]://' | cut -c1-150; done

@@ -21,6 +21,7 @@ once moves the curves by up to 2e-4 (grad norm), training without float8 by up t
 missing or doubled gradient reduction, or unloaded weights, by 1e-2 or more.
 """
 
+import json
 import shutil
 import sys
 
@@ -38,6 +39,12 @@ JOB = [
 ]
 FLOAT8_ALL_GATHER = ["--float8.fsdp_float8_all_gather", "--float8.precompute_scales"]
 CHECKPOINTS = ["--checkpoint.enable", "--checkpoint.interval=2"]
+PROFILE_LAST_STEP = [
+    "--profiling.enable_profiling",
+    "--profiling.profile_freq=4",
+    "--profiling.profiler_warmup=0",
+    "--profiling.profiler_active=1",
+]
 
 
 def train(nproc: int, folder, *args: str) -> str:
@@ -45,6 +52,20 @@ def train(nproc: int, folder, *args: str) -> str:
     if nproc > 1:
         return torchrun(nproc, args)
     return run_checked([sys.executable, "-m", "torchtitan.train", *args], timeout=300)
+
+
+def scalar_all_reduces(folder) -> int:
+    """DTensor's scalar all-reduces in rank 0's profiled step 4: the amax reductions of float8
+    casts of TP-sharded tensors (eager; measured 96 with whole-tensor scales, 0 with shard
+    scales, 2026-11-27)."""
+    path = folder / "profile_traces" / "iteration_4" / "rank0_trace.json"
+    events = json.loads(path.read_text())["traceEvents"]
+    return sum(
+        1
+        for e in events
+        if e.get("name") == "_c10d_functional::all_reduce"
+        and (e.get("args", {}).get("Input Dims") or [None])[0] == []
+    )
 
 
 def curves_by_step(folder) -> dict[int, tuple[float, float]]:
@@ -99,17 +120,19 @@ def test_fsdp2_tp2_selective_ac_matches_single_process(seed_checkpoint, referenc
         "--float8.tp_shard_scales=false",
         "--parallelism.tensor_parallel_degree=2",
         "--activation_checkpoint.mode=selective",
+        *PROFILE_LAST_STEP,
         f"--checkpoint.initial_load_path={seed_checkpoint}",
     )
     assert "all-gathered in high precision (--float8.tp_float8_all_gather false)" in out
     assert_matches(tmp_path, reference)
+    assert scalar_all_reduces(tmp_path) > 0
 
 
 def test_fsdp2_tp2_shard_scales_match_single_process_within_shard_scaling(
     seed_checkpoint, reference, tmp_path
 ):
     """``--float8.tp_shard_scales`` (the default): each TP rank scales its shards on its own,
-    so the casts round like CP's (CP_RTOL)."""
+    so the casts round like CP's (CP_RTOL), and no amax is all-reduced."""
     out = train(
         4,
         tmp_path,
@@ -117,10 +140,12 @@ def test_fsdp2_tp2_shard_scales_match_single_process_within_shard_scaling(
         *FLOAT8_ALL_GATHER,
         "--parallelism.tensor_parallel_degree=2",
         "--activation_checkpoint.mode=selective",
+        *PROFILE_LAST_STEP,
         f"--checkpoint.initial_load_path={seed_checkpoint}",
     )
     assert "float8 + TP: 42 linears scale their TP shards on their own" in out
     assert_matches(tmp_path, reference, rtol=CP_RTOL)
+    assert scalar_all_reduces(tmp_path) == 0
 
 
 @pytest.mark.parametrize("schedule", ["Interleaved1F1B", "ZBVZeroBubble"])

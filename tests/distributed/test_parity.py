@@ -38,12 +38,12 @@ LAYOUTS = {
             "--activation_checkpoint.selective_ac_option=2",
         ],
     ),
-    # Compile + TP + full AC: the checkpoint wraps the compiled block (torch 2.13 fails the
-    # other order, docs/parallelism.md).
-    "tp2_compile_full_ac": (
-        2,
+    # Compile + TP + full AC: the checkpoint wraps the compiled block and FSDP the checkpoint
+    # (torch 2.13 fails the other order, docs/parallelism.md).
+    "fsdp2_tp2_compile_full_ac": (
+        4,
         [
-            "--training.local_batch_size=8",
+            "--training.local_batch_size=4",
             "--parallelism.tensor_parallel_degree=2",
             "--compile.enable",
             "--activation_checkpoint.mode=full",

@@ -63,6 +63,7 @@ def test_first_block_input_is_cloned_only_when_asked():
 def test_in_place_compile_keeps_the_blocks_and_their_names_for_an_outer_checkpoint():
     """``in_place``: what parallelize_llama does under TP with whole-block checkpointing, so
     the checkpoint wrapper goes around the compiled block and DCP's names stay the plain ones."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     from torchtitan.models.llama3 import Transformer, get_model_args
@@ -75,11 +76,19 @@ def test_in_place_compile_keeps_the_blocks_and_their_names_for_an_outer_checkpoi
         m.init_weights()
         return m
 
-    plain, wrapped = model(), model()
+    plain, wrapped, wrapper_outside = model(), model(), model()
     apply_compile(wrapped, in_place=True)
-    assert all(type(b) is type(plain.layers["0"]) for b in wrapped.layers.values())
+    for block in wrapped.layers.values():
+        assert type(block) is type(plain.layers["0"])
+        assert hasattr(block.__dict__["forward"], "_torchdynamo_orig_callable")  # compiled
     apply_ac(wrapped, "full")
+    assert all(isinstance(b, CheckpointWrapper) for b in wrapped.layers.values())
     assert get_model_state_dict(wrapped).keys() == get_model_state_dict(plain).keys()
+    # Why in place: a checkpoint wrapper around torch.compile's wrapper leaves "_orig_mod" in
+    # DCP's names (torch 2.13), so such a checkpoint would not load into another layout.
+    apply_compile(wrapper_outside)
+    apply_ac(wrapper_outside, "full")
+    assert get_model_state_dict(wrapper_outside).keys() != get_model_state_dict(plain).keys()
     tokens = torch.randint(256, (2, 32))
     losses = [m(tokens).float().square().mean() for m in (plain, wrapped)]
     for loss in losses:

@@ -15,7 +15,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torchtitan.config import ConfigError, Float8, parse_args
 from torchtitan.models.llama3 import Transformer, get_model_args
 from torchtitan.parallel.float8 import apply_float8
-from torchtitan.parallel.float8_tp import _local_layout, scale_float8_by_shard
+from torchtitan.parallel.float8_shard_scaled import local_layout
+from torchtitan.parallel.float8_tp import scale_float8_by_shard, scales_tp_shards
 from torchtitan.parallel.llama import llama_block_plan, llama_root_plan
 from torchtitan.parallel.tensor_parallel import apply_tp
 
@@ -92,15 +93,24 @@ def test_layouts_of_column_and_row_parallel_linears(tp_mesh):
 
     column = dt((8, 4), Shard(0))
     row = dt((4, 8), Shard(1))
-    assert _local_layout(dt((2, 3, 4), Replicate()), column) == (Partial(), Shard(2))
-    assert _local_layout(dt((2, 3, 8), Shard(2)), row) == (Shard(2), Partial())
-    assert _local_layout(dt((2, 3, 8), Shard(1)), row) is None  # not a TP linear's layout
-    assert _local_layout(dt((2, 3, 4), Replicate()), dt((8, 4), Replicate())) is None
+    assert local_layout(dt((2, 3, 4), Replicate()), column) == (Partial(), Shard(2))
+    assert local_layout(dt((2, 3, 8), Shard(2)), row) == (Shard(2), Partial())
+    assert local_layout(dt((2, 3, 8), Shard(1)), row) is None  # not a TP linear's layout
+    assert local_layout(dt((2, 3, 4), Replicate()), dt((8, 4), Replicate())) is None
 
 
 def test_float8_tp_styles_need_whole_tensor_scales():
     assert Float8().tp_shard_scales  # the default
     with pytest.raises(ConfigError, match="tp_float8_all_gather needs --float8.tp_shard_scales"):
-        parse_args(["--float8.tp_float8_all_gather"])
-    cfg = parse_args(["--float8.tp_float8_all_gather", "--float8.tp_shard_scales=false"])
+        parse_args(["--float8.enable", "--float8.tp_float8_all_gather"])
+    cfg = parse_args(
+        ["--float8.enable", "--float8.tp_float8_all_gather", "--float8.tp_shard_scales=false"]
+    )
     assert cfg.float8.tp_float8_all_gather and not cfg.float8.tp_shard_scales
+
+
+def test_shard_scales_are_for_the_tensorwise_recipe():
+    assert scales_tp_shards(Float8(enable=True))
+    assert not scales_tp_shards(Float8(enable=True, recipe="rowwise"))
+    assert not scales_tp_shards(Float8(enable=True, tp_shard_scales=False))
+    assert not scales_tp_shards(Float8())

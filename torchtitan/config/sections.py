@@ -330,7 +330,7 @@ class Float8(Section):
             "--float8.precompute_scales needs --float8.fsdp_float8_all_gather",
         )
         _check(
-            not (self.tp_shard_scales and self.tp_float8_all_gather),
+            not (self.enable and self.tp_shard_scales and self.tp_float8_all_gather),
             "--float8.tp_float8_all_gather needs --float8.tp_shard_scales false (the float8 TP "
             "styles scale each activation as a whole before all-gathering it)",
         )

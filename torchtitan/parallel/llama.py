@@ -33,7 +33,7 @@ from torchtitan.dtypes import DTYPES
 from torchtitan.parallel.activation_checkpoint import apply_ac, checkpoints_whole_blocks
 from torchtitan.parallel.compile import apply_compile
 from torchtitan.parallel.float8 import apply_float8, float8_tp_plan, float8_tp_styles
-from torchtitan.parallel.float8_tp import scale_float8_by_shard
+from torchtitan.parallel.float8_tp import scale_float8_by_shard, scales_tp_shards
 from torchtitan.parallel.fsdp import apply_fsdp
 from torchtitan.parallel.tensor_parallel import apply_tp, enable_async_tp
 from torchtitan.parallel.vocab_parallel import VocabShardedHead
@@ -115,7 +115,7 @@ def parallelize_llama(model: nn.Module, dims: ParallelDims, cfg: JobConfig, devi
         )
         block_plan = llama_block_plan(float8_tp_plan(model, cfg.float8, device_type, LLAMA_BLOCKS))
         apply_tp(model, dims.mesh("tp"), root_plan, block_plan, LLAMA_BLOCKS)
-        if cfg.float8.enable and cfg.float8.tp_shard_scales:
+        if scales_tp_shards(cfg.float8):
             scale_float8_by_shard(model, LLAMA_BLOCKS)
         if p.enable_async_tensor_parallel:
             enable_async_tp()

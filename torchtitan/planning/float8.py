@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from torchtitan.config import Float8
 from torchtitan.parallel.float8 import shape_skip_reason
+from torchtitan.parallel.float8_tp import scales_tp_shards
 from torchtitan.planning.shapes import Shapes
 
 # A block linear's short name -> its FQN below the block; the head is "output".
@@ -47,7 +48,7 @@ class Float8Setting:
             cfg.fsdp_float8_all_gather,
             cfg.skip_small,
             tuple(cfg.filter_fqns),
-            cfg.tp_shard_scales,
+            scales_tp_shards(cfg),
         )
 
     @property
