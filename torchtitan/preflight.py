@@ -54,6 +54,13 @@ def check_parallelism(cfg: JobConfig, model_args: ModelArgs, world_size: int) ->
         reason = check_cp(cfg.training.seq_len, dims.cp)
         if reason:
             raise ConfigError(f"{reason}; change --training.seq_len or the context parallel degree")
+        if cfg.parallelism.context_parallel_rotate_method == "alltoall" and cfg.compile.enable:
+            # Measured: the ranks wait on each other forever (gloo timeout on CPU; no first step
+            # on 4x H200), torch 2.11 and 2.13, with or without AC (docs/parallelism.md).
+            raise ConfigError(
+                "--parallelism.context_parallel_rotate_method alltoall hangs with "
+                "--compile.enable; use allgather (the default) or drop --compile.enable"
+            )
     if dims.pp > 1:
         check_pipeline(cfg, model_args, dims)
     if dims.tp > 1:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Call 22 (4 GPUs): 8B CP4 at seq 32768, selective AC, 20 steps (steps 11-20): ring attention's
 # K/V exchange as one all-gather (the default) against alltoall (passed around the ring while
-# computing), the reference between them.
+# computing), the reference between them. (alltoall with compile is refused since: it hangs.)
 source scripts/bench/lib.sh
 card
 CP="--training.steps 20 --training.seq_len 32768 --compile.enable --parallelism.context_parallel_degree 4"

@@ -150,6 +150,17 @@ def test_run_train_sh_trains_the_debug_model(tmp_path):
             ["--training.global_batch_size", "12", "--training.local_batch_size", "4"],
             "multiple of",
         ),
+        (
+            2,
+            [
+                "--parallelism.context_parallel_degree",
+                "2",
+                "--parallelism.context_parallel_rotate_method",
+                "alltoall",
+                "--compile.enable",
+            ],
+            "alltoall hangs with --compile.enable; use allgather",
+        ),
     ],
 )
 def test_parallel_layout_errors(capsys, monkeypatch, world, argv, expected):
