@@ -55,8 +55,8 @@ def check_parallelism(cfg: JobConfig, model_args: ModelArgs, world_size: int) ->
         if reason:
             raise ConfigError(f"{reason}; change --training.seq_len or the context parallel degree")
         if cfg.parallelism.context_parallel_rotate_method == "alltoall" and cfg.compile.enable:
-            # Measured: the ranks wait on each other forever (gloo timeout on CPU; no first step
-            # on 4x H200), torch 2.11 and 2.13, with or without AC (docs/parallelism.md).
+            # Measured: gloo's timeout in step 1 on CPU (torch 2.13, with or without AC), and no
+            # first step within 116 s on 4x H200 (torch 2.11); docs/parallelism.md.
             raise ConfigError(
                 "--parallelism.context_parallel_rotate_method alltoall hangs with "
                 "--compile.enable; use allgather (the default) or drop --compile.enable"

@@ -75,10 +75,14 @@ def _wrap(block: nn.Module, selective: bool, save_matmuls: str) -> nn.Module:
     return checkpoint_wrapper(block, preserve_rng_state=False)
 
 
+def _uses_selective_op_policy(mode: str, selective_ac_option: str) -> bool:
+    return mode == "selective" and selective_ac_option == "op"
+
+
 def checkpoints_whole_blocks(mode: str, selective_ac_option: str = "op") -> bool:
     """Whether ``apply_ac`` wraps blocks in plain (full) checkpointing: mode "full", or
     "selective" with every N-th block; not the selective-op policy."""
-    return mode == "full" or (mode == "selective" and selective_ac_option != "op")
+    return mode != "none" and not _uses_selective_op_policy(mode, selective_ac_option)
 
 
 def apply_ac(
@@ -98,7 +102,7 @@ def apply_ac(
         raise ValueError(f"save_matmuls must be one of {SAVE_MATMULS}; got {save_matmuls!r}")
     if mode == "none":
         return
-    selective_op = mode == "selective" and selective_ac_option == "op"
+    selective_op = _uses_selective_op_policy(mode, selective_ac_option)
     every = 1 if mode == "full" or selective_op else int(selective_ac_option)
     wrap = partial(_wrap, selective=selective_op, save_matmuls=save_matmuls)
     replace_blocks(model, wrap, blocks_attr, every)
