@@ -10,7 +10,9 @@ For each trace (e.g. ``profile_traces/iteration_N/rank0_trace.json``, written by
 * kernel time by category (matmul, attention, communication, compiled fusions, eager
   elementwise, optimizer, copies, other), summed per kernel, so overlapping streams can add up
   to more than the window;
-* communication that ran while no computation did (exposed communication);
+* communication that ran while no computation did (exposed communication), in all and per
+  collective kernel (with its process group and dtype where the trace records them; two
+  collectives exposed at once each count, so the parts can add up to more than the total);
 * the kernels that took the most time.
 """
 
@@ -82,6 +84,14 @@ def overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float
     return total
 
 
+def comm_label(event: dict) -> str:
+    """A collective kernel's name, with the process group and dtype the profiler recorded."""
+    args = event.get("args", {})
+    extra = [str(args[k]) for k in ("Process Group Description", "dtype") if args.get(k)]
+    name = event.get("name", "?")[:70]
+    return f"{name} [{', '.join(extra)}]" if extra else name
+
+
 def summarize(events: list[dict]) -> dict:
     """Times in microseconds (the trace's unit)."""
     spans = [(e["ts"], e["ts"] + e["dur"]) for e in events]
@@ -96,6 +106,10 @@ def summarize(events: list[dict]) -> dict:
     busy = union(spans)
     window = (busy[-1][1] - busy[0][0]) if busy else 0.0
     comm_u, compute_u = union(comm), union(compute)
+    exposed_by_kernel: dict[str, float] = defaultdict(float)
+    for e, span in zip(events, spans):
+        if kernel_class(e.get("name", ""), e["cat"]) == "communication":
+            exposed_by_kernel[comm_label(e)] += e["dur"] - overlap([span], compute_u)
     return {
         "window": window,
         "idle": window - length(busy),
@@ -103,6 +117,7 @@ def summarize(events: list[dict]) -> dict:
         "by_kernel": dict(by_kernel),
         "communication": length(comm_u),
         "exposed_communication": length(comm_u) - overlap(comm_u, compute_u),
+        "exposed_by_kernel": dict(exposed_by_kernel),
     }
 
 
@@ -121,6 +136,9 @@ def report(name: str, s: dict, top: int) -> str:
     ]
     for label, t in sorted(s["by_class"].items(), key=lambda kv: -kv[1]):
         lines.append(f"  {label:26s} {t / 1e3:9.1f} ms {_pct(t, w)}")
+    lines.append("exposed communication by collective kernel:")
+    for kname, t in sorted(s["exposed_by_kernel"].items(), key=lambda kv: -kv[1])[:8]:
+        lines.append(f"  {t / 1e3:9.1f} ms {_pct(t, w)}  {kname}")
     lines.append(f"top {top} kernels:")
     for kname, t in sorted(s["by_kernel"].items(), key=lambda kv: -kv[1])[:top]:
         lines.append(f"  {t / 1e3:9.1f} ms {_pct(t, w)}  {kname[:110]}")

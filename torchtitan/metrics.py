@@ -152,7 +152,7 @@ class MetricsLogger:
             label = "mfu(bf16 peak)" if self.float8 else "mfu"
             parts.append(f"{label} {m[self._mfu_key]:.1f}%")
         if "memory_peak_gib" in m:
-            parts.append(f"mem {m['memory_peak_gib']:.1f}GiB")
+            parts.append(f"mem {m['memory_peak_gib']:.2f}GiB")
         parts.append(f"data {m['data_loading_pct']:.1f}%")
         parts.append(f"eta {format_duration((self.total_steps - step) * m['step_seconds'])}")
         return "  ".join(parts)

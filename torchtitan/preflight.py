@@ -25,7 +25,7 @@ from torchtitan.models.llama3.hf import inspect_hf_checkpoint
 from torchtitan.optim import check_optimizer
 from torchtitan.parallel.context_parallel import check_cp
 from torchtitan.parallel.dims import ParallelDims
-from torchtitan.parallel.float8 import check_float8, float8_ac_problem
+from torchtitan.parallel.float8 import check_float8
 from torchtitan.parallel.pipeline import (
     ZERO_BUBBLE,
     check_microbatches,
@@ -159,19 +159,11 @@ def gradient_accumulation_steps(cfg: JobConfig, dp_degree: int) -> int:
     return global_batch // per_micro_step
 
 
-def check_float8_ac(cfg: JobConfig) -> None:
-    ac = cfg.activation_checkpoint
-    problem = float8_ac_problem(cfg.float8, ac.mode, ac.selective_ac_option)
-    if problem:
-        raise ConfigError(problem)
-
-
 def check_job(cfg: JobConfig, world_size: int) -> CheckedJob:
     cfg.validate()  # parse_args did; a config built in Python has not been checked
     model_args = model_args_for_job(cfg)
     dims = check_parallelism(cfg, model_args, world_size)
     check_float8(cfg.float8)
-    check_float8_ac(cfg)
     check_optimizer(cfg.optimizer, dims.parameters_distributed)
     check_checkpoint(cfg, model_args, world_size)
     accum_steps = gradient_accumulation_steps(cfg, dp_degree=dims.dp_degree)

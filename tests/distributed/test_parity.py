@@ -98,6 +98,16 @@ LAYOUTS = {
             "--training.loss_chunk_tokens=48",
         ],
     ),
+    # CP's ring attention compiled, with its K/V exchanges reordered for overlap (the default).
+    "fsdp2_cp2_compile_selective_op": (
+        4,
+        [
+            "--training.local_batch_size=4",
+            "--parallelism.context_parallel_degree=2",
+            "--compile.enable",
+            "--activation_checkpoint.mode=selective",
+        ],
+    ),
     "fsdp2_tp2_compile_loss_selective_op": (
         4,
         [

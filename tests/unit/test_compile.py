@@ -96,3 +96,64 @@ def test_in_place_compile_keeps_the_blocks_and_their_names_for_an_outer_checkpoi
     torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
     grads = [m.layers["1"].feed_forward.w2.weight.grad for m in (plain, wrapped)]
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)
+
+
+def _order_of_wait_and_matmul(reorder: bool) -> list[str]:
+    """Inductor's code for: issue an all-to-all, do a matmul, then use the all-to-all's result
+    (CP's K/V-gradient exchange and the next chunk's attention backward, in miniature)."""
+    import torch._inductor.config as inductor_config
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from torch._inductor.utils import run_and_get_code
+
+    from torchtitan.parallel.compile import OVERLAP_PASSES
+
+    def step(x, a, b):
+        sent = funcol.all_to_all_single(x * 2, None, None, dist.group.WORLD)
+        z = torch.mm(a, b)
+        return funcol.wait_tensor(sent) + z.sum()
+
+    torch._dynamo.reset()
+    passes = list(OVERLAP_PASSES) if reorder else []
+    with inductor_config.patch(
+        reorder_for_compute_comm_overlap=reorder, reorder_for_compute_comm_overlap_passes=passes
+    ):
+        fn = torch.compile(step, fullgraph=True)
+        _, (code,) = run_and_get_code(fn, torch.randn(64), torch.randn(64, 64), torch.randn(64, 64))
+    order = []
+    for line in code.splitlines():
+        if "wait_tensor.default(" in line and "wait" not in order:
+            order.append("wait")
+        elif "extern_kernels.mm(" in line:
+            order.append("mm")
+    return order
+
+
+def test_reordering_waits_for_the_collective_after_the_independent_matmul(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        assert _order_of_wait_and_matmul(reorder=False) == ["wait", "mm"]  # exposed
+        assert _order_of_wait_and_matmul(reorder=True) == ["mm", "wait"]  # overlapped
+    finally:
+        dist.destroy_process_group()
+
+
+def test_reorder_collectives_is_on_by_default_and_sets_inductors_passes():
+    import torch._inductor.config as inductor_config
+
+    from torchtitan.config import Compile
+    from torchtitan.models.llama3 import Transformer, get_model_args
+    from torchtitan.parallel.compile import OVERLAP_PASSES, apply_compile
+
+    assert Compile().reorder_collectives
+    with torch.device("meta"):
+        model = Transformer(get_model_args("debugmodel", max_seq_len=32))
+    restored = dict(
+        reorder_for_compute_comm_overlap=False, reorder_for_compute_comm_overlap_passes=[]
+    )
+    with inductor_config.patch(**restored):  # restored on exit
+        apply_compile(model, reorder_collectives=True)
+        assert inductor_config.reorder_for_compute_comm_overlap
+        assert inductor_config.reorder_for_compute_comm_overlap_passes == list(OVERLAP_PASSES)

@@ -21,11 +21,11 @@ from torchtitan.parallel.activation_checkpoint import _ops_to_save, _selective_p
 from torchtitan.parallel.float8 import (
     apply_float8,
     check_float8,
-    float8_ac_problem,
     float8_device_problem,
     float8_tp_plan,
     import_torchao_float8,
     is_float8_linear,
+    recompute_must_round_like_forward,
     too_small,
 )
 from torchtitan.parallel.llama import llama_block_plan
@@ -109,35 +109,38 @@ def test_preflight_rejects_cpu_without_emulate(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "float8, ac_mode, ac_option, refused",
+    "float8, compiled, ac_mode, ac_option, rounds",
     [
-        (dict(recipe="rowwise"), "selective", "op", True),
-        (dict(recipe="rowwise_with_gw_hp"), "selective", "op", True),
-        (dict(recipe="rowwise"), "selective", "2", False),
-        (dict(recipe="rowwise"), "full", "op", False),
-        (dict(recipe="rowwise"), "none", "op", False),
-        (dict(recipe="rowwise", emulate=True), "selective", "op", False),
-        (dict(recipe="tensorwise"), "selective", "op", False),
+        (dict(recipe="rowwise"), True, "selective", "op", True),
+        (dict(recipe="rowwise_with_gw_hp"), True, "selective", "op", True),
+        (dict(recipe="rowwise", emulate=True), True, "selective", "op", True),
+        (dict(recipe="rowwise"), False, "selective", "op", False),  # eager recomputes exactly
+        (dict(recipe="rowwise"), True, "selective", "2", False),  # whole blocks recomputed
+        (dict(recipe="rowwise"), True, "full", "op", False),
+        (dict(recipe="rowwise"), True, "none", "op", False),
+        (dict(recipe="tensorwise"), True, "selective", "op", False),
     ],
 )
-def test_rowwise_with_the_selective_op_policy_is_refused_on_gpu(
-    float8, ac_mode, ac_option, refused
+def test_rowwise_compiled_selective_op_rounds_like_eager(
+    float8, compiled, ac_mode, ac_option, rounds
 ):
-    """It diverged on GPU (Llama 3.1 8B, FSDP4, H200; docs/float8.md); emulated, it matches."""
-    problem = float8_ac_problem(Float8(enable=True, **float8), ac_mode, ac_option)
-    assert (problem is not None) == refused
-    if refused:
-        assert "--activation_checkpoint.mode none" in problem and "\n" not in problem
-    assert float8_ac_problem(Float8(**float8), ac_mode, ac_option) is None  # float8 off
+    """pytorch/pytorch#150859: without eager rounding the recomputed K/V differ from the
+    forward's and the gradients blow up (8B FSDP4, H200; docs/float8.md)."""
+    cfg = Float8(enable=True, **float8)
+    assert recompute_must_round_like_forward(cfg, compiled, ac_mode, ac_option) == rounds
+    assert not recompute_must_round_like_forward(Float8(**float8), compiled, ac_mode, ac_option)
 
 
-def test_preflight_refuses_rowwise_with_the_selective_op_policy():
-    from torchtitan.preflight import check_float8_ac
+@pytest.mark.parametrize("recipe, rounds", [("rowwise", True), ("tensorwise", False)])
+def test_parallelize_sets_eager_rounding_for_rowwise_selective_op(tmp_path, recipe, rounds):
+    import torch._inductor.config as inductor_config
 
-    args = ["--float8.enable", "--float8.recipe", "rowwise", "--activation_checkpoint.mode"]
-    with pytest.raises(ConfigError, match="rowwise with selective-op activation checkpointing"):
-        check_float8_ac(parse_args(args + ["selective"]))
-    check_float8_ac(parse_args(args + ["none"]))
+    from tests.unit.test_train import make_trainer
+
+    args = ["--float8.enable", "--float8.emulate", f"--float8.recipe={recipe}", "--compile.enable"]
+    with inductor_config.patch(emulate_precision_casts=False):  # restored on exit
+        make_trainer(tmp_path, *args, "--activation_checkpoint.mode=selective").close()
+        assert inductor_config.emulate_precision_casts is rounds
 
 
 def test_missing_torchao_names_the_extra(monkeypatch):

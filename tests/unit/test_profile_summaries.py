@@ -23,6 +23,7 @@ def test_trace_summary_idle_categories_and_exposed_communication():
     assert s["idle"] == 10
     assert s["communication"] == 30
     assert s["exposed_communication"] == 20
+    assert s["exposed_by_kernel"] == {"ncclDevKernel_AllGather_RING": 20}
     assert s["by_class"] == {
         "matmul": 40,
         "communication": 30,
@@ -37,6 +38,11 @@ def test_trace_summary_cli(tmp_path, capsys):
     assert trace_summary.main([str(path)]) == 0
     out = capsys.readouterr().out
     assert "attention" in out and "idle 0.0 ms" in out
+    comm = kernel("ncclDevKernel_SendRecv", 0, 50_000)
+    comm["args"] = {"Process Group Description": "cp", "dtype": "Float"}
+    path.write_text(json.dumps({"traceEvents": [comm, kernel("nvjet_gemm", 10_000, 20_000)]}))
+    assert trace_summary.main([str(path)]) == 0
+    assert "30.0 ms  60.0%  ncclDevKernel_SendRecv [cp, Float]" in capsys.readouterr().out
     (tmp_path / "cpu.json").write_text(json.dumps({"traceEvents": []}))
     assert trace_summary.main([str(tmp_path / "cpu.json")]) == 2
 

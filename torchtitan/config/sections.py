@@ -280,6 +280,11 @@ class ActivationCheckpoint(Section):
 class Compile(Section):
     enable: bool = opt(False, "torch.compile each transformer block")
     loss: bool = opt(False, "with enable: also compile the loss")
+    reorder_collectives: bool = opt(
+        True,
+        "with enable: let inductor move the collectives inside compiled blocks (CP's K/V "
+        "exchange, TP's) so computation hides them, without raising the peak memory",
+    )
 
 
 @dataclass

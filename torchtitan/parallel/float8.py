@@ -284,25 +284,31 @@ def float8_device_problem(
     return None
 
 
-# Rowwise float8 under the selective-op policy diverged on GPU: Llama 3.1 8B, FSDP4, compile,
-# 4x H200, torch 2.11 + torchao 0.17 (grad norm 1.4e5 at step 1, against 4.9 without AC and 25
-# for the reference's rowwise run with its own selective policy). Emulated on CPU it matches; 1B
-# over FSDP2 on GPU trained normally. The cause is not found (docs/float8.md, "Known problems").
-ROWWISE_SELECTIVE_OP_PROBLEM = (
-    "--float8.recipe {recipe} with selective-op activation checkpointing diverged on GPU "
-    "(docs/float8.md, Known problems); use --activation_checkpoint.mode none or "
-    "--float8.recipe tensorwise"
-)
+def recompute_must_round_like_forward(
+    cfg: Float8, compiled: bool, ac_mode: str, ac_option: str
+) -> bool:
+    """Whether this run needs inductor to round low-precision intermediates exactly as eager
+    does (``emulate_precision_casts``): rowwise float8, compiled, under the selective-op policy.
+
+    Without it the compiled forward and the backward's recompute of a block round bf16
+    intermediates differently, so the K and V the attention backward recomputes differ from the
+    forward's (whose output and logsumexp were saved): the gradients blow up (8B FSDP4 on H200:
+    grad norm 1.4e5 at step 1; pytorch/pytorch#150859). Full and every-N-th-block checkpointing
+    recompute the attention too, so they stay consistent; tensorwise trained normally.
+    """
+    rowwise = cfg.enable and cfg.recipe != "tensorwise"
+    return rowwise and compiled and ac_mode == "selective" and ac_option == "op"
 
 
-def float8_ac_problem(cfg: Float8, ac_mode: str, ac_option: str) -> str | None:
-    """A one-line reason to refuse this float8 recipe with this activation checkpointing, or
-    None. Config only (emulated float8 is exempt), so the planner asks it too."""
-    if not cfg.enable or cfg.emulate or cfg.recipe == "tensorwise":
-        return None
-    if ac_mode == "selective" and ac_option == "op":
-        return ROWWISE_SELECTIVE_OP_PROBLEM.format(recipe=cfg.recipe)
-    return None
+def round_recompute_like_forward() -> None:
+    """Process-wide: every graph compiled from now on rounds like eager (slightly slower)."""
+    import torch._inductor.config as inductor_config
+
+    inductor_config.emulate_precision_casts = True
+    logger.info(
+        "float8 rowwise + compile + selective-op AC: inductor rounds bf16 intermediates like "
+        "eager (emulate_precision_casts), so the recompute matches the forward"
+    )
 
 
 def check_float8(cfg: Float8) -> None:

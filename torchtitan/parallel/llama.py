@@ -32,7 +32,13 @@ from torch.distributed.tensor.parallel import (
 from torchtitan.dtypes import DTYPES
 from torchtitan.parallel.activation_checkpoint import apply_ac, checkpoints_whole_blocks
 from torchtitan.parallel.compile import apply_compile
-from torchtitan.parallel.float8 import apply_float8, float8_tp_plan, float8_tp_styles
+from torchtitan.parallel.float8 import (
+    apply_float8,
+    float8_tp_plan,
+    float8_tp_styles,
+    recompute_must_round_like_forward,
+    round_recompute_like_forward,
+)
 from torchtitan.parallel.float8_tp import scale_float8_by_shard, scales_tp_shards
 from torchtitan.parallel.fsdp import apply_fsdp
 from torchtitan.parallel.tensor_parallel import apply_tp, enable_async_tp
@@ -120,6 +126,10 @@ def parallelize_llama(model: nn.Module, dims: ParallelDims, cfg: JobConfig, devi
         if p.enable_async_tensor_parallel:
             enable_async_tp()
     ac = cfg.activation_checkpoint
+    if recompute_must_round_like_forward(
+        cfg.float8, cfg.compile.enable, ac.mode, ac.selective_ac_option
+    ):
+        round_recompute_like_forward()
     # torch 2.13 fails to run a compiled block that fully checkpoints DTensor ops ("expected all
     # tensors_saved_with_vc_check to be Tensors": the TP mesh the recompute needs is saved among
     # the tensors), so under TP full checkpointing wraps the compiled block instead.
@@ -132,7 +142,11 @@ def parallelize_llama(model: nn.Module, dims: ParallelDims, cfg: JobConfig, devi
         apply_ac(model, ac.mode, ac.selective_ac_option, LLAMA_BLOCKS, ac.save_matmuls)
     if cfg.compile.enable:
         apply_compile(
-            model, LLAMA_BLOCKS, clone_first_input=dims.tp > 1, in_place=checkpoint_outside
+            model,
+            LLAMA_BLOCKS,
+            clone_first_input=dims.tp > 1,
+            in_place=checkpoint_outside,
+            reorder_collectives=cfg.compile.reorder_collectives,
         )
     if checkpoint_outside:
         apply_ac(model, ac.mode, ac.selective_ac_option, LLAMA_BLOCKS, ac.save_matmuls)

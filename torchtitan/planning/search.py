@@ -2,7 +2,7 @@
 that do not fit, and rank the rest by estimated tokens/s per GPU.
 
 Validity is decided by the trainer's own checks (torchtitan.preflight.check_parallelism,
-gradient_accumulation_steps and float8_ac_problem), so the planner never proposes a layout the
+and gradient_accumulation_steps), so the planner never proposes a layout the
 trainer refuses.
 """
 
@@ -12,7 +12,6 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from torchtitan.config import ConfigError, JobConfig, PipelineSchedule, choices
-from torchtitan.parallel.float8 import float8_ac_problem
 from torchtitan.planning import calibration as cal
 from torchtitan.planning.command import planned_config
 from torchtitan.planning.hardware import GIB, Hardware
@@ -99,13 +98,7 @@ def check_job(job: JobConfig, layout: Layout, world: int, model_args) -> str:
         gradient_accumulation_steps(job, layout.dp_degree)
     except ConfigError as e:
         return str(e)
-    return ac_reason(job, layout)
-
-
-def ac_reason(job: JobConfig, layout: Layout) -> str:
-    """The trainer's reason to refuse ``layout``'s activation checkpointing with the job's
-    float8 recipe, or ""."""
-    return float8_ac_problem(job.float8, layout.ac_mode, layout.ac_option) or ""
+    return ""
 
 
 def usable_bytes(hw: Hardware) -> float:
@@ -140,10 +133,6 @@ def search(cfg: JobConfig, work: Workload, hw: Hardware) -> Plan:
             layout = dataclasses.replace(
                 structure, ac_mode=mode, ac_option=option, save_matmuls=save
             )
-            reason = ac_reason(job, layout)
-            if reason:
-                plan.rejected.append(Candidate(layout, reason=reason))
-                continue
             candidate = evaluate(plan.workload, layout, hw)
             (plan.rejected if candidate.reason else plan.fits).append(candidate)
     plan.fits.sort(key=lambda c: (-c.tokens_per_second, c.memory.total))

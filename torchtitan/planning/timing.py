@@ -57,7 +57,8 @@ def _recomputed_share(model: Shapes, layout: Layout) -> tuple[dict[str, float], 
 
 def _float8_speedup(work: Workload, name: str, tp: int) -> float:
     """How much faster linear ``name``'s GEMMs run than in bf16 (their float8 share at
-    FLOAT8_MATMUL_SPEEDUP, the cast overhead included); under TP as measured there, by the
+    FLOAT8_MATMUL_SPEEDUP, or the rowwise one, the cast overhead included); under TP as
+    measured there, by the
     scaling of TP shards (calibration.py)."""
     if name not in work.float8_linears:
         return 1.0
@@ -66,7 +67,10 @@ def _float8_speedup(work: Workload, name: str, tp: int) -> float:
             return cal.FLOAT8_SPEED_UNDER_TP_SHARD_SCALES
         return cal.FLOAT8_SPEED_UNDER_TP
     share = work.float8.float8_gemm_share
-    return 1 / (share / cal.FLOAT8_MATMUL_SPEEDUP + 1 - share)
+    speedup = cal.FLOAT8_MATMUL_SPEEDUP
+    if work.float8.recipe != "tensorwise":
+        speedup = cal.FLOAT8_ROWWISE_MATMUL_SPEEDUP
+    return 1 / (share / speedup + 1 - share)
 
 
 def _block_matmul_seconds(work: Workload, recomputed: dict, tp: int, peak: float) -> float:
