@@ -226,7 +226,8 @@ def parallelize(
         apply_tp(model, mesh["tp"], gpt_root_plan(), gpt_block_plan(), GPT_BLOCKS)
     apply_ac(model, ac_mode, blocks_attr=GPT_BLOCKS)
     if compile_blocks:
-        apply_compile(model, GPT_BLOCKS, clone_first_input=mesh_size(mesh, "tp") > 1)
+        tp = mesh_size(mesh, "tp") > 1
+        apply_compile(model, GPT_BLOCKS, clone_first_input=tp, reorder_collectives=tp)
     if mesh_size(mesh, "dp") > 1:
         # fp32 here so the run matches the fp32 reference; bf16 params are the GPU default.
         apply_fsdp(

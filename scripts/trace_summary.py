@@ -19,6 +19,7 @@ For each trace (e.g. ``profile_traces/iteration_N/rank0_trace.json``, written by
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import sys
 from collections import defaultdict
@@ -84,6 +85,18 @@ def overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float
     return total
 
 
+def covered(span: tuple[float, float], intervals: list[tuple[float, float]], starts: list[float]):
+    """How much of ``span`` the sorted, disjoint ``intervals`` (whose starts are ``starts``)
+    cover; a binary search finds the first one that can reach it."""
+    lo, hi = span
+    i = max(0, bisect.bisect_right(starts, lo) - 1)
+    total = 0.0
+    while i < len(intervals) and intervals[i][0] < hi:
+        total += max(0.0, min(hi, intervals[i][1]) - max(lo, intervals[i][0]))
+        i += 1
+    return total
+
+
 def comm_label(event: dict) -> str:
     """A collective kernel's name, with the process group and dtype the profiler recorded."""
     args = event.get("args", {})
@@ -107,9 +120,10 @@ def summarize(events: list[dict]) -> dict:
     window = (busy[-1][1] - busy[0][0]) if busy else 0.0
     comm_u, compute_u = union(comm), union(compute)
     exposed_by_kernel: dict[str, float] = defaultdict(float)
+    starts = [s for s, _ in compute_u]
     for e, span in zip(events, spans):
         if kernel_class(e.get("name", ""), e["cat"]) == "communication":
-            exposed_by_kernel[comm_label(e)] += e["dur"] - overlap([span], compute_u)
+            exposed_by_kernel[comm_label(e)] += e["dur"] - covered(span, compute_u, starts)
     return {
         "window": window,
         "idle": window - length(busy),

@@ -157,3 +157,17 @@ def test_reorder_collectives_is_on_by_default_and_sets_inductors_passes():
         apply_compile(model, reorder_collectives=True)
         assert inductor_config.reorder_for_compute_comm_overlap
         assert inductor_config.reorder_for_compute_comm_overlap_passes == list(OVERLAP_PASSES)
+
+
+def test_the_trainer_reorders_collectives_unless_told_not_to(tmp_path):
+    import torch._inductor.config as inductor_config
+
+    from tests.unit.test_train import make_trainer
+
+    for flag, expected in (("true", True), ("false", False)):
+        inductor_config.reorder_for_compute_comm_overlap = False  # conftest restores it
+        trainer = make_trainer(
+            tmp_path / flag, "--compile.enable", f"--compile.reorder_collectives={flag}"
+        )
+        trainer.close()
+        assert inductor_config.reorder_for_compute_comm_overlap is expected

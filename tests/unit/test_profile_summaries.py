@@ -32,6 +32,21 @@ def test_trace_summary_idle_categories_and_exposed_communication():
     }
 
 
+def test_exposed_time_per_collective_counts_each_of_two_concurrent_ones():
+    events = [
+        kernel("nvjet_gemm", 0, 10),
+        kernel("nvjet_gemm", 20, 10),
+        kernel("ncclDevKernel_AllGather", 5, 30),  # covered 5..10 and 20..30: 15 exposed
+        kernel("ncclDevKernel_ReduceScatter", 12, 4),  # alone with the all-gather: 4 exposed
+    ]
+    s = trace_summary.summarize(trace_summary.gpu_events({"traceEvents": events}))
+    assert s["exposed_by_kernel"] == {
+        "ncclDevKernel_AllGather": 15,
+        "ncclDevKernel_ReduceScatter": 4,
+    }
+    assert s["exposed_communication"] == 15  # 10..20 and 30..35, counted once
+
+
 def test_trace_summary_cli(tmp_path, capsys):
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"traceEvents": [kernel("flash_fwd_kernel", 0, 1000)]}))

@@ -283,7 +283,7 @@ class Compile(Section):
     reorder_collectives: bool = opt(
         True,
         "with enable: let inductor move the collectives inside compiled blocks (CP's K/V "
-        "exchange, TP's) so computation hides them, without raising the peak memory",
+        "exchange, TP's) so computation hides them, within its peak-memory budget",
     )
 
 

@@ -294,7 +294,8 @@ def recompute_must_round_like_forward(
     intermediates differently, so the K and V the attention backward recomputes differ from the
     forward's (whose output and logsumexp were saved): the gradients blow up (8B FSDP4 on H200:
     grad norm 1.4e5 at step 1; pytorch/pytorch#150859). Full and every-N-th-block checkpointing
-    recompute the attention too, so they stay consistent; tensorwise trained normally.
+    recompute the attention too, so they should stay consistent (reasoning: rowwise with them
+    was not run at 8B on a GPU; the reference sets it under any AC); tensorwise trained normally.
     """
     rowwise = cfg.enable and cfg.recipe != "tensorwise"
     return rowwise and compiled and ac_mode == "selective" and ac_option == "op"

@@ -34,6 +34,7 @@ ATTENTION_HALF_SEQ = 1950  # sequence length (per CP rank) at which half of that
 FLOAT8_MATMUL_SPEEDUP = 1.34
 # Rowwise (per-row scales, and rowwise_with_gw_hp's float8 GEMMs): fitted to 8B FSDP4 rowwise
 # with selective AC, 9,772 tokens/s/GPU on 4x H200 (call 24), against 9,012 in bf16 (call 16).
+# That run rounds like eager (float8.py), which costs some speed; applied to every rowwise layout.
 FLOAT8_ROWWISE_MATMUL_SPEEDUP = 1.12
 # Under TP the float8 linears ran *slower* than bf16, in both frameworks and with either TP
 # style: 8B FSDP2xTP2 on 4x H100 (call 18, one call) Float8 6,040 tokens/s/GPU against bf16

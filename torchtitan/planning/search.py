@@ -1,9 +1,8 @@
 """Enumerate every layout of a job on some hardware, drop the ones the trainer would refuse or
 that do not fit, and rank the rest by estimated tokens/s per GPU.
 
-Validity is decided by the trainer's own checks (torchtitan.preflight.check_parallelism,
-and gradient_accumulation_steps), so the planner never proposes a layout the
-trainer refuses.
+Validity is decided by the trainer's own checks (torchtitan.preflight.check_parallelism and
+gradient_accumulation_steps), so the planner never proposes a layout the trainer refuses.
 """
 
 from __future__ import annotations
