@@ -1,5 +1,7 @@
 """One Llama block under TP on 2 GPUs, compiled with and without async TP; prints which fused
-collective-matmul ops inductor emitted and the block's time. Run by tests/gpu/test_async_tp.py."""
+collective-matmul ops inductor emitted and the block's time. Run by tests/gpu/test_async_tp.py
+as ``async_tp_worker.py SEQ LOCAL_BATCH``. Inductor's FX graph cache is off: a cached graph
+skips the post-grad passes, so a variant could reuse another's code."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from torchtitan.parallel.tensor_parallel import enable_async_tp
 FUSED = ("fused_all_gather_matmul", "fused_matmul_reduce_scatter")
 
 
-def block_and_input(mesh, seq: int):
+def block_and_input(mesh, seq: int, batch: int):
     """A TP block and its input as training has it: this rank's sequence shard, a plain tensor
     (the embedding's RowwiseParallel hands out local tensors)."""
     args = MODEL_FLAVORS["1B"]
@@ -30,7 +32,7 @@ def block_and_input(mesh, seq: int):
     parallelize_module(block, mesh, llama_block_plan())
     rope = llama.precompute_rope_cache(args.head_dim, seq).cuda()
     local = seq // mesh.size()
-    x = torch.randn(1, local, args.dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    x = torch.randn(batch, local, args.dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     return block, x, rope
 
 
@@ -53,16 +55,13 @@ def main() -> int:
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     mesh = init_device_mesh("cuda", (dist.get_world_size(),))
     seq = int(sys.argv[1]) if len(sys.argv) > 1 else 8192
-    variants = (("sync", False, False), ("async", True, False), ("async_symm", True, True))
-    for name, async_tp, symm in variants:
+    batch = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    torch._inductor.config.fx_graph_cache = False
+    for name, async_tp in (("sync", False), ("async", True)):
         torch._dynamo.reset()
         if async_tp:
-            enable_async_tp()
-        if symm:  # explicitly, in case the pass needs the group registered first
-            from torch.distributed._symmetric_memory import enable_symm_mem_for_group
-
-            enable_symm_mem_for_group(mesh.get_group().group_name)
-        block, x, rope = block_and_input(mesh, seq)
+            enable_async_tp(mesh)
+        block, x, rope = block_and_input(mesh, seq, batch)
         compiled = torch.compile(block, fullgraph=True)
         try:
             _, code = run_and_get_code(step, compiled, x, rope)

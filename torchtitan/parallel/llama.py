@@ -124,7 +124,7 @@ def parallelize_llama(model: nn.Module, dims: ParallelDims, cfg: JobConfig, devi
         if scales_tp_shards(cfg.float8):
             scale_float8_by_shard(model, LLAMA_BLOCKS)
         if p.enable_async_tensor_parallel:
-            enable_async_tp()
+            enable_async_tp(dims.mesh("tp"))
     ac = cfg.activation_checkpoint
     if recompute_must_round_like_forward(
         cfg.float8, cfg.compile.enable, ac.mode, ac.selective_ac_option

@@ -6,6 +6,8 @@ block; Llama's are in ``llama.py``, a custom model's in examples/parallelize_cus
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -46,12 +48,22 @@ def check_tp_degree(n_heads: int, n_kv_heads: int, seq_len: int, tp: int) -> str
     return None
 
 
-def enable_async_tp() -> None:
-    """Let inductor overlap TP's all-gather/reduce-scatter with the matmuls (CUDA + compile)."""
-    import torch._inductor.config as inductor_config
+def enable_async_tp(tp_mesh: DeviceMesh) -> None:
+    """Let inductor overlap TP's all-gather/reduce-scatter with the matmuls (CUDA + compile):
+    its micro-pipeline pass replaces them with fused symmetric-memory ops.
 
-    # torch >= 2.11 allocates the symmetric memory it needs on demand.
+    The pass fuses only the collectives of groups registered for symmetric memory
+    (``is_symm_mem_enabled_for_group``), so the TP group is registered although torch 2.13
+    deprecates the call ("no need to call this function anymore"); without it the pass left
+    every collective alone (docs/performance.md, finding 8).
+    """
+    import torch._inductor.config as inductor_config
+    from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
     inductor_config._micro_pipeline_tp = True
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        enable_symm_mem_for_group(tp_mesh.get_group().group_name)
 
 
 def plain_loss(loss: torch.Tensor) -> torch.Tensor:
