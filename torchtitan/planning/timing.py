@@ -58,8 +58,7 @@ def _recomputed_share(model: Shapes, layout: Layout) -> tuple[dict[str, float], 
 def _float8_speedup(work: Workload, name: str, tp: int) -> float:
     """How much faster linear ``name``'s GEMMs run than in bf16 (their float8 share at
     FLOAT8_MATMUL_SPEEDUP, or FLOAT8_ROWWISE_MATMUL_SPEEDUP, the cast overhead included); under
-    TP as measured there, by the
-    scaling of TP shards (calibration.py)."""
+    TP as measured there, by the scaling of TP shards (calibration.py)."""
     if name not in work.float8_linears:
         return 1.0
     if tp > 1:
