@@ -2,8 +2,8 @@
 reduce-scatter with fused symmetric-memory ops on these machines (NVLink multicast off)?
 
 History: measured 2026-11-26 on 2x H100 (torch 2.11), no fused op with or without registering
-the group for symmetric memory. The CPU probe of 2026-11-27 (tests/unit/test_async_tp.py) found
-why: ``enable_async_tp`` did not register the TP group, which the pass requires (and the
+the group for symmetric memory. The CPU probe of 2026-11-27 (tests/unit/test_async_tp_pass.py)
+found why: ``enable_async_tp`` did not register the TP group, which the pass requires (and the
 registered variant likely reused the unregistered variant's cached graph). Expected now, from the
 CPU probe: the reduce-scatters fused at any local batch, the all-gathers from local batch 2.
 Not yet run on a GPU with the fix.
