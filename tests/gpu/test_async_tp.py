@@ -22,14 +22,23 @@ from tests.distributed.launch import run_checked, torchrun_cmd
 WORKER = Path(__file__).with_name("async_tp_worker.py")
 
 
-@pytest.mark.parametrize("batch, all_gathers_fused", [(1, False), (2, True)])
-def test_async_tp_fuses_the_tp_collectives(batch, all_gathers_fused):
+def fused_counts(line: str, part: str) -> dict[str, int]:
+    """{op: count} from a worker line's ``forward {...}`` or ``all {...}`` part."""
+    text = re.search(part + r" (\{[^}]*\})", line).group(1)
+    return {k: int(v) for k, v in re.findall(r"'(\w+)': (\d+)", text)}
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_async_tp_fuses_the_tp_collectives(batch):
     if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
         pytest.skip("needs 2 CUDA devices")
-    out = run_checked([*torchrun_cmd(2), str(WORKER), "8192", str(batch)], timeout=300)
+    out = run_checked([*torchrun_cmd(2), str(WORKER), "8192", str(batch)], timeout=600)
     lines = dict(re.findall(r"ASYNC_TP_RESULT (\w+): (.*)", out))
     print("\n".join(f"{k}: {v}" for k, v in lines.items()))
-    assert {"sync", "async"} <= lines.keys(), out[-3000:]
-    assert "'fused_all_gather_matmul': 0" in lines["sync"]
-    assert "'fused_matmul_reduce_scatter': 0" not in lines["async"], lines["async"]
-    assert ("'fused_all_gather_matmul': 0" not in lines["async"]) == all_gathers_fused
+    for variant in ("sync", "async", "async_reorder"):
+        assert "forward" in lines.get(variant, ""), out[-3000:]  # ran, did not fail
+    assert sum(fused_counts(lines["sync"], "all").values()) == 0
+    forward = fused_counts(lines["async"], "forward")
+    assert forward["fused_matmul_reduce_scatter"] == 2, lines["async"]  # after wo and w2
+    if batch > 1:  # at batch 1 the CPU probe fuses no all-gather: printed, not asserted
+        assert forward["fused_all_gather_matmul"] == 2, lines["async"]
