@@ -71,9 +71,10 @@ def length(intervals: list[tuple[float, float]]) -> float:
     return sum(e - s for s, e in intervals)
 
 
-def overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    """Total length of the intersection of two sorted, disjoint interval lists."""
-    i = j = 0
+def overlap(a: list[tuple[float, float]], b: list[tuple[float, float]], b_from: int = 0) -> float:
+    """Total length of the intersection of two sorted, disjoint interval lists (``b`` read from
+    index ``b_from``: the intervals before it are known to end before ``a`` starts)."""
+    i, j = 0, b_from
     total = 0.0
     while i < len(a) and j < len(b):
         lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
@@ -88,13 +89,7 @@ def overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float
 def covered(span: tuple[float, float], intervals: list[tuple[float, float]], starts: list[float]):
     """How much of ``span`` the sorted, disjoint ``intervals`` (whose starts are ``starts``)
     cover; a binary search finds the first one that can reach it."""
-    lo, hi = span
-    i = max(0, bisect.bisect_right(starts, lo) - 1)
-    total = 0.0
-    while i < len(intervals) and intervals[i][0] < hi:
-        total += max(0.0, min(hi, intervals[i][1]) - max(lo, intervals[i][0]))
-        i += 1
-    return total
+    return overlap([span], intervals, max(0, bisect.bisect_right(starts, span[0]) - 1))
 
 
 def comm_label(event: dict) -> str:
