@@ -171,3 +171,34 @@ def test_the_trainer_reorders_collectives_unless_told_not_to(tmp_path):
         )
         trainer.close()
         assert inductor_config.reorder_for_compute_comm_overlap is expected
+
+
+def test_tune_kernels_is_off_by_default_and_sets_coordinate_descent_tuning():
+    import torch._inductor.config as inductor_config
+
+    from torchtitan.config import Compile
+    from torchtitan.models.llama3 import Transformer, get_model_args
+    from torchtitan.parallel.compile import apply_compile
+
+    assert not Compile().tune_kernels
+    with torch.device("meta"):
+        models = [Transformer(get_model_args("debugmodel", max_seq_len=32)) for _ in range(2)]
+    with inductor_config.patch(coordinate_descent_tuning=False):  # restored on exit
+        apply_compile(models[0])
+        assert not inductor_config.coordinate_descent_tuning  # the helper's default: off
+        apply_compile(models[1], tune_kernels=True)
+        assert inductor_config.coordinate_descent_tuning
+
+
+def test_the_trainer_tunes_kernels_unless_told_not_to(tmp_path):
+    import torch._inductor.config as inductor_config
+
+    from tests.unit.test_train import make_trainer
+
+    for flag, expected in (("true", True), ("false", False)):
+        inductor_config.coordinate_descent_tuning = False  # conftest restores it
+        trainer = make_trainer(
+            tmp_path / flag, "--compile.enable", f"--compile.tune_kernels={flag}"
+        )
+        trainer.close()
+        assert inductor_config.coordinate_descent_tuning is expected

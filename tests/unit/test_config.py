@@ -65,6 +65,7 @@ def test_config_file_flag_position_does_not_matter(tmp_path):
         (["--training.steps", "abc"], "--training.steps expects int, got 'abc'"),
         (["--training.seq_len", "0"], "seq_len must be positive"),
         (["--compile.enable", "maybe"], "expects bool"),
+        (["--compile.tune_kernels"], "--compile.tune_kernels needs --compile.enable"),
         (["--training.steps"], "--training.steps needs a value"),
         (["--training.steps", "--compile.enable"], "--training.steps needs a value"),
         (["training.steps", "3"], "unexpected argument"),

@@ -147,6 +147,7 @@ def parallelize_llama(model: nn.Module, dims: ParallelDims, cfg: JobConfig, devi
             clone_first_input=dims.tp > 1,
             in_place=checkpoint_outside,
             reorder_collectives=cfg.compile.reorder_collectives,
+            tune_kernels=cfg.compile.tune_kernels,
         )
     if checkpoint_outside:
         apply_ac(model, ac.mode, ac.selective_ac_option, LLAMA_BLOCKS, ac.save_matmuls)
