@@ -2,7 +2,8 @@
 # Call 30 (4 GPUs): with --compile.tune_kernels (inductor coordinate-descent
 # tuning; call 28: +1.5% on 1B selective AC, +0.4% on 8B FSDP4). Side by side: the 1B rows
 # (selective AC batch 2; Float8 tensorwise AC off batch 4), one GPU each, concurrently; then 8B
-# CP4 at seq 32768 (20 steps, steps 11-20).
+# CP4 at seq 32768 (20 steps, steps 11-20). As it ran, the 1B Float8 run hit its 200 s limit and
+# `fits` skipped our CP4 run; call31.sh ran it on the same machine right after.
 # Ours ran with --compile.tune_kernels as the default of that commit; it is passed explicitly here.
 source scripts/bench/lib.sh
 card

@@ -288,7 +288,7 @@ class Compile(Section):
     tune_kernels: bool = opt(
         False,
         "with enable: let inductor tune the block sizes of its generated GPU kernels "
-        "(coordinate descent): +0.3-1.8% tokens/s measured, 30-90 s more compile",
+        "(coordinate descent): +0.4-1.5% tokens/s measured, 30-40 s more compile",
     )
 
     def validate(self) -> None:
