@@ -45,8 +45,10 @@ FLOAT8_ROWWISE_MATMUL_SPEEDUP = 1.12
 # left with --float8.tp_shard_scales false.
 FLOAT8_SPEED_UNDER_TP = 0.78
 # With --float8.tp_shard_scales (the default since 2026-11-27) no amax is all-reduced: 8B
-# FSDP2xTP2 Float8 7,730 tokens/s/GPU (call 21) against bf16 7,981 (call 20), both 4x H200.
-FLOAT8_SPEED_UNDER_TP_SHARD_SCALES = 1.0
+# FSDP2xTP2 Float8 7,730, 7,996 and 9,536 tokens/s/GPU (calls 21, 27, 32, 4x H200) against bf16
+# 7,858-8,035 (calls 20, 26, 29). The calls spread by ~20%, and the reference's Float8 row moved
+# with them (6,449 in call 27, 7,634 in call 32). Fitted to balance the three (+9%, +6%, -11%).
+FLOAT8_SPEED_UNDER_TP_SHARD_SCALES = 1.2
 EAGER_SLOWDOWN = 0.76  # tokens/s of eager blocks relative to compiled (1B, 1x H200)
 # Bytes moved per token per vocabulary entry by the loss's forward + backward.
 LOSS_TRAFFIC_BYTES_PER_VOCAB = {"eager": 32.0, "compiled": 6.0}
