@@ -2,6 +2,7 @@
 
 import os
 
+import pytest
 import torch
 
 from tests.unit.test_train import grads_after_one_step, make_trainer
@@ -159,18 +160,21 @@ def test_reorder_collectives_is_on_by_default_and_sets_inductors_passes():
         assert inductor_config.reorder_for_compute_comm_overlap_passes == list(OVERLAP_PASSES)
 
 
-def test_the_trainer_reorders_collectives_unless_told_not_to(tmp_path):
+@pytest.mark.parametrize(
+    "option, inductor_flag",
+    [
+        ("reorder_collectives", "reorder_for_compute_comm_overlap"),
+        ("tune_kernels", "coordinate_descent_tuning"),
+    ],
+)
+def test_the_trainer_sets_the_inductor_option_unless_told_not_to(tmp_path, option, inductor_flag):
     import torch._inductor.config as inductor_config
 
-    from tests.unit.test_train import make_trainer
-
     for flag, expected in (("true", True), ("false", False)):
-        inductor_config.reorder_for_compute_comm_overlap = False  # conftest restores it
-        trainer = make_trainer(
-            tmp_path / flag, "--compile.enable", f"--compile.reorder_collectives={flag}"
-        )
+        setattr(inductor_config, inductor_flag, False)  # conftest restores it
+        trainer = make_trainer(tmp_path / flag, "--compile.enable", f"--compile.{option}={flag}")
         trainer.close()
-        assert inductor_config.reorder_for_compute_comm_overlap is expected
+        assert getattr(inductor_config, inductor_flag) is expected
 
 
 def test_tune_kernels_is_off_by_default_and_sets_coordinate_descent_tuning():
@@ -188,17 +192,3 @@ def test_tune_kernels_is_off_by_default_and_sets_coordinate_descent_tuning():
         assert not inductor_config.coordinate_descent_tuning  # the helper's default: off
         apply_compile(models[1], tune_kernels=True)
         assert inductor_config.coordinate_descent_tuning
-
-
-def test_the_trainer_tunes_kernels_unless_told_not_to(tmp_path):
-    import torch._inductor.config as inductor_config
-
-    from tests.unit.test_train import make_trainer
-
-    for flag, expected in (("true", True), ("false", False)):
-        inductor_config.coordinate_descent_tuning = False  # conftest restores it
-        trainer = make_trainer(
-            tmp_path / flag, "--compile.enable", f"--compile.tune_kernels={flag}"
-        )
-        trainer.close()
-        assert inductor_config.coordinate_descent_tuning is expected
