@@ -90,7 +90,6 @@ def main() -> int:
             reorder_collectives_for_overlap()
         if name == "sync_last":
             inductor_config._micro_pipeline_tp = False
-            inductor_config.post_grad_custom_pre_pass = None
             inductor_config.reorder_for_compute_comm_overlap = False
         block, x, rope = block_and_input(mesh, seq, batch)
         compiled = torch.compile(block, fullgraph=True)

@@ -55,16 +55,12 @@ def enable_async_tp(tp_mesh: DeviceMesh) -> None:
     The pass fuses only the collectives of groups registered for symmetric memory
     (``is_symm_mem_enabled_for_group``), so the TP group is registered although torch 2.13
     deprecates the call ("no need to call this function anymore"); without it the pass left
-    every collective alone (docs/performance.md, finding 8). A pre-pass
-    (``async_tp_graph.py``) lets it fuse the sequence all-gathers at local batch 1 too.
+    every collective alone (docs/performance.md, finding 8).
     """
     import torch._inductor.config as inductor_config
     from torch.distributed._symmetric_memory import enable_symm_mem_for_group
 
-    from torchtitan.parallel.async_tp_graph import CollapseReshapesAfterAllGather
-
     inductor_config._micro_pipeline_tp = True
-    inductor_config.post_grad_custom_pre_pass = CollapseReshapesAfterAllGather()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         enable_symm_mem_for_group(tp_mesh.get_group().group_name)
