@@ -15,6 +15,7 @@ from torchtitan.planning.hardware import CARDS, HardwareError, make_hardware
 from torchtitan.planning.layout import Layout, Workload
 from torchtitan.planning.report import format_plan
 from torchtitan.planning.search import Candidate, check_job, evaluate, search
+from torchtitan.quick_exit import exit_quickly
 
 FLAGS = {
     "gpus": (int, "GPUs per node (as NGPU of run_train.sh); required"),
@@ -89,4 +90,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_quickly(main())

@@ -1,9 +1,11 @@
 """How a rank ends (torchtitan/exits.py), how the launcher picks the line it shows last
-(torchtitan/launch.py), and Ctrl-C in the PreemptionGuard (torchtitan/runtime.py)."""
+(torchtitan/launch.py), Ctrl-C in the PreemptionGuard (torchtitan/runtime.py), and the entry
+points' quick exit (torchtitan/quick_exit.py)."""
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import signal
@@ -20,6 +22,7 @@ from torchtitan.config import ConfigError
 from torchtitan.data.text import DataError
 from torchtitan.observability import flight_recorder as fr
 from torchtitan.observability.numerics import NonFiniteError
+from torchtitan.quick_exit import exit_quickly
 
 GLOO_TIMEOUT = RuntimeError(
     "[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting "
@@ -292,3 +295,13 @@ def test_paths_in_errors_are_absolute(tmp_path, monkeypatch):
     assert shown("data/x.jsonl") == f"{tmp_path}/data/x.jsonl (from 'data/x.jsonl')"
     assert shown(str(tmp_path / "x")) == str(tmp_path / "x")
     assert shown(Path("~/x")).startswith(str(Path.home()))
+
+
+def test_exit_quickly_freezes_the_heap_then_exits_with_the_code():
+    try:
+        with pytest.raises(SystemExit) as stop:
+            exit_quickly(3)
+        assert stop.value.code == 3
+        assert gc.get_freeze_count() > 0  # the final collection will skip these objects
+    finally:
+        gc.unfreeze()
