@@ -9,7 +9,8 @@ CPU probe: the reduce-scatters fused at any local batch, the all-gathers from lo
 Run with the fix on 2 of 4x H200 (2026-11-27, scripts/bench/call28.sh): passed at both batches,
 with those counts (docs/performance.md, finding 8). Since call 33 it also holds each variant's
 output and input gradient to the plain block's, and runs the plain block again last (the first
-variant's time includes warm-up).
+variant's time includes warm-up). This version passed on 2x H200 in call 35
+(scripts/bench/call35.sh).
 """
 
 from __future__ import annotations
