@@ -55,19 +55,26 @@ def apply_fsdp(
     reduce-scattered right after its backward, which overlaps communication with compute.
     """
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    # The blocks and the head get activations already in param_dtype (from the embeddings or the
+    # block before; the root casts the model's own inputs). Casting their floating-point
+    # arguments again would also round the float32 tables a block takes to param_dtype: Llama's
+    # RoPE cache, a bf16 copy per block held for backward (64 MiB for 8B at seq 8192, more under
+    # PP with microbatches in flight) and cos/sin rounded to bf16.
+    inner = MixedPrecisionPolicy(
+        param_dtype=param_dtype, reduce_dtype=reduce_dtype, cast_forward_inputs=False
+    )
     reshard = reshard_after_forward(reshard_policy, pipeline_parallel)
-    kwargs = dict(mesh=mesh, mp_policy=mp)
     inputs = _present(model, input_group)
     if inputs:
-        fully_shard(inputs, reshard_after_forward=reshard, **kwargs)
+        fully_shard(inputs, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
     blocks = [block for _, block in block_items(model, blocks_attr)]
     # Every block reshards, the last one too: keeping it gathered for its backward saves one
     # all-gather per step but holds a whole block of bf16 weights at the memory peak (0.41 GiB
     # for Llama 3 8B, seen in a memory snapshot on 4x H200).
     for block in blocks:
-        fully_shard(block, reshard_after_forward=reshard, **kwargs)
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=inner)
     # The head's backward comes right after its forward: keep it gathered.
     outputs = _present(model, output_group)
     if outputs:
-        fully_shard(outputs, reshard_after_forward=False, **kwargs)
-    fully_shard(model, reshard_after_forward=False, **kwargs)
+        fully_shard(outputs, mesh=mesh, reshard_after_forward=False, mp_policy=inner)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
