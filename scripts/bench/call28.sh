@@ -7,8 +7,7 @@
 #    FSDP collectives), then coordinate-descent tuning if time is left.
 source scripts/bench/lib.sh
 card
-(CUDA_VISIBLE_DEVICES=0,1 PYTHONPATH=$site:$root timeout 250 python3 -m pytest -q -s -p no:cacheprovider \
-  tests/gpu/test_async_tp.py > $out/logs/async_tp.log 2>&1; echo "async tp rc=$?") &
+T=250 gpu_test async_tp 0,1 tests/gpu/test_async_tp.py &
 (export CONFIG_FILE=train_configs/llama3_1b.toml
  S1="--training.steps 30 --training.seq_len 8192 --compile.enable --compile.loss --training.local_batch_size 2 $SAC"
  T=170 ours 1b_sac 2 $S1 &

@@ -8,8 +8,7 @@
 #    reference, ours without async TP.
 source scripts/bench/lib.sh
 card
-(CUDA_VISIBLE_DEVICES=0,1 PYTHONPATH=$site:$root timeout 300 python3 -m pytest -q -s -p no:cacheprovider \
-  tests/gpu/test_async_tp.py > $out/logs/async_tp.log 2>&1; echo "async tp rc=$?") &
+gpu_test async_tp 0,1 tests/gpu/test_async_tp.py &
 (export CONFIG_FILE=train_configs/llama3_1b.toml
  M="--training.steps 12 --training.seq_len 8192 --compile.enable --training.local_batch_size 4 --activation_checkpoint.mode none --profiling.enable_memory_snapshot --profiling.profile_freq 12"
  T=170 ref 1b_f8_mem 2 $M --model.flavor 1B $REF_F8 &

@@ -4,8 +4,7 @@
 # selective-AC row (batch 2, step 12) on both sides, one GPU each, for our +0.04 GiB.
 source scripts/bench/lib.sh
 card
-CUDA_VISIBLE_DEVICES=0,1 PYTHONPATH=$site:$root timeout 300 python3 -m pytest -q -s -p no:cacheprovider \
-  tests/gpu/test_async_tp.py > $out/logs/async_tp.log 2>&1; echo "async tp rc=$?"
+gpu_test async_tp 0,1 tests/gpu/test_async_tp.py
 grep -E "ASYNC_TP_RESULT|^(sync|async)|passed|failed|Error" $out/logs/async_tp.log | cut -c1-220 | head -24
 export CONFIG_FILE=train_configs/llama3_1b.toml
 M="--training.steps 12 --training.seq_len 8192 --compile.enable --training.local_batch_size 2 --profiling.enable_memory_snapshot --profiling.profile_freq 12"

@@ -28,6 +28,12 @@ ours() {
   echo "ours $name rc=$? :: $(grep -E 'INFO step +(20|30)/' $out/logs/ours_$name.log | sed 's/^\[rank0\]://' | tail -1)"
 }
 pack() { (cd $out && tar czf logs.tgz logs && rm -rf logs); }
+# gpu_test NAME GPUS FILE: pytest FILE (tests/gpu/) on the listed GPUs, output to $out/logs/NAME.log.
+gpu_test() {
+  CUDA_VISIBLE_DEVICES=$2 PYTHONPATH=$site:$root timeout ${T:-300} python3 -m pytest -q -s -p no:cacheprovider \
+    $3 > $out/logs/$1.log 2>&1
+  echo "$1 rc=$?"
+}
 DEADLINE=$(( $(date +%s) + ${BUDGET:-560} ))
 # fits SECONDS CMD...: run CMD only if SECONDS are left before the call's deadline (so pack still runs).
 fits() { local need=$1; shift; if (( DEADLINE - $(date +%s) > need )); then "$@"; else echo "skipped (no time): $*"; fi; }

@@ -49,7 +49,7 @@ def fused_ops(mesh, local_batch: int) -> Counter:
     x = torch.randn(local_batch, 32, args.dim, requires_grad=True)
     found = Counter()
 
-    def count(graph: torch.fx.Graph) -> None:  # after the pre-pass and inductor's own passes
+    def count(graph: torch.fx.Graph) -> None:  # after inductor's post-grad passes
         found["graphs"] += 1
         part = "backward" if any(n.name.startswith("tangents") for n in graph.nodes) else "forward"
         copy = torch.fx.Graph()
