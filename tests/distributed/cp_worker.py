@@ -1,4 +1,4 @@
-"""Context-parallel numerics check of the debug Llama (run under torchrun, gloo, CPU).
+"""Context-parallel numerics check of the debug Llama (ranks from ``run_ranks`` or torchrun; gloo).
 
 Every rank builds the same model (seeded CPU init) and batch. (a) Reference: the full sequence,
 no CP: loss = sum cross-entropy / (B*T), and its grads. (b) Under ``cp_context`` on a 1-D mesh of

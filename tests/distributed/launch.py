@@ -1,4 +1,4 @@
-"""Run the trainer under torchrun on CPU/gloo and read back its per-step metrics."""
+"""Run the trainer (or a worker script) as CPU/gloo ranks and read back its per-step metrics."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+FORK_RANKS = Path(__file__).with_name("fork_ranks.py")
 
 # A tiny, fast job: the debug model, 64-token samples, global batch 8, every step logged.
 TINY_JOB = [
@@ -52,52 +53,52 @@ def torchrun_cmd(nproc: int) -> list[str]:
 
 
 class RankAborted(AssertionError):
-    """A torchrun job failed because a rank died of SIGABRT: a C++ abort inside torch, not a
+    """A multi-rank job failed because a rank died of SIGABRT: a C++ abort inside torch, not a
     Python error. CI lost a run to it once (a rank of the 16-rank 4D layout; the others then saw
     gloo's "Connection closed by peer"); 23 runs of that layout here did not reproduce it.
     tests/distributed reruns such a test once (conftest.py); pytest's summary lists the rerun."""
 
 
-def torchrun(nproc: int, args: list[str], timeout: int = 300) -> str:
-    """Launch ``python -m torchtitan.train`` on ``nproc`` CPU processes; returns rank 0's output.
+def run_ranks(nproc: int, target: list[str], timeout: int = 300) -> str:
+    """Run ``target`` (``["-m", MODULE, *ARGS]`` or ``[SCRIPT, *ARGS]``) as ``nproc`` CPU ranks;
+    returns rank 0's output.
 
+    The ranks are forks of one process that imported the trainer (``fork_ranks.py``: torchrun's
+    environment without a fresh interpreter per rank, about 4.5 s of CPU each on the CI machine).
     Every rank's output also goes to a log folder, so a failure shows why the other ranks
     stopped (e.g. the one that aborted), not only rank 0's view of it.
     """
-    with tempfile.TemporaryDirectory(prefix="torchrun-logs-") as logs:
-        cmd = [
-            *torchrun_cmd(nproc),
-            f"--log-dir={logs}",
-            "--tee=3",
-            "--local-ranks-filter=0",
-            "-m",
-            "torchtitan.train",
-            *args,
-        ]
+    with tempfile.TemporaryDirectory(prefix="rank-logs-") as logs:
+        cmd = [sys.executable, str(FORK_RANKS), str(nproc), logs, *target]
         return run_checked(cmd, timeout, rank_logs=Path(logs))
 
 
+def run_trainer(nproc: int, args: list[str], timeout: int = 300) -> str:
+    """Train (``python -m torchtitan.train ARGS``) on ``nproc`` CPU ranks; rank 0's output."""
+    return run_ranks(nproc, ["-m", "torchtitan.train", *args], timeout)
+
+
 def rank_log_tails(logs: Path | None, lines: int = 12) -> str:
-    """The last ``lines`` of each rank's stderr under a torchrun ``--log-dir`` ("" without one),
-    ranks that died of a signal or a C++ abort first (their words are lost from a filtered
-    console)."""
+    """The last ``lines`` of each rank's log under ``fork_ranks.py``'s log folder ("" without
+    one), ranks that died of a signal or a C++ abort first (their words are lost from rank 0's
+    output)."""
     if logs is None:
         return ""
     tails = []
-    for stderr in logs.glob("*/attempt_*/*/stderr.log"):
-        text = stderr.read_text(errors="replace").strip()
+    for log in logs.glob("rank_*.log"):
+        text = log.read_text(errors="replace").strip()
         if text:
             tail = "\n".join(text.splitlines()[-lines:])
             aborted = any(word in text for word in ("terminate called", "Fatal Python", "Signal "))
-            tails.append((not aborted, int(stderr.parent.name), tail))
-    return "".join(f"\n--- rank {rank} stderr ---\n{tail}" for _, rank, tail in sorted(tails))
+            tails.append((not aborted, int(log.stem.split("_")[1]), tail))
+    return "".join(f"\n--- rank {rank} log ---\n{tail}" for _, rank, tail in sorted(tails))
 
 
 def run_checked(cmd: list[str], timeout: int, rank_logs: Path | None = None) -> str:
     """Run ``cmd`` in its own session and return its output; fail the test on a non-zero exit.
 
     The whole process tree is killed on timeout, so a hung rank cannot outlive the test. With
-    ``rank_logs`` (a torchrun ``--log-dir``), a failure also shows each rank's last words.
+    ``rank_logs`` (``fork_ranks.py``'s log folder), a failure also shows each rank's last words.
     """
     # PYTHONPATH: scripts launched by path import this checkout's torchtitan, not an installed one.
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed.launch import ROOT, run_checked, torchrun_cmd
+from tests.distributed.launch import ROOT, run_ranks
 from torchtitan.parallel.context_parallel import check_cp
 
 WORKER = Path(__file__).with_name("cp_worker.py")
@@ -22,7 +22,7 @@ def this_checkout(monkeypatch):
 
 
 def run_worker(nproc: int, timeout: int = 120) -> dict:
-    out = run_checked([*torchrun_cmd(nproc), str(WORKER)], timeout)
+    out = run_ranks(nproc, [str(WORKER)], timeout)
     lines = [line for line in out.splitlines() if line.startswith("CP_RESULT ")]
     assert len(lines) == 1, out[-3000:]
     return json.loads(lines[0].removeprefix("CP_RESULT "))

@@ -1,7 +1,7 @@
 """examples/parallelize_custom_model.py: the helpers on a non-Llama model reproduce one process.
 
 The example's GPT-style model (ModuleList ``blocks``, LayerNorms with biases, fused qkv, learned
-positions) is trained 5 steps single-process (the reference) and under torchrun as
+positions) is trained 5 steps single-process (the reference) and as 4 ranks (``run_ranks``) as
 * dp 2 x tp 2: its own TP/SP plan, selective-op AC, FSDP2 over dp, loss parallel;
 * pp 2 x dp 2: two 1F1B pipeline stages cut by ``build_stage_module`` with its own names, each
   FSDP2-sharded over dp;
@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from tests.distributed.launch import ROOT, run_checked
+from tests.distributed.launch import ROOT, run_checked, run_ranks
 
 EXAMPLE = ROOT / "examples" / "parallelize_custom_model.py"
 RTOL = 1e-5
@@ -72,21 +72,7 @@ def reference(tmp_path_factory, this_checkout) -> dict:
 def test_layout_matches_single_process(name, reference, tmp_path):
     flags, expected_layout, qkv_mesh_dims = LAYOUTS[name]
     out = tmp_path / f"{name}.json"
-    run_checked(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=4",
-            "--local-ranks-filter=0",
-            str(EXAMPLE),
-            *flags,
-            f"--steps={STEPS}",
-            f"--out={out}",
-        ],
-        timeout=120,
-    )
+    run_ranks(4, [str(EXAMPLE), *flags, f"--steps={STEPS}", f"--out={out}"], timeout=120)
     got = json.loads(out.read_text())
 
     # The run really had this layout: mesh, pipeline stage and how qkv's weight is sharded.

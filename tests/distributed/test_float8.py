@@ -27,7 +27,7 @@ import sys
 
 import pytest
 
-from tests.distributed.launch import ROOT, TINY_JOB, read_metrics, run_checked, torchrun
+from tests.distributed.launch import ROOT, TINY_JOB, read_metrics, run_checked, run_trainer
 
 RTOL = 1e-4
 CP_RTOL = 3e-4
@@ -50,7 +50,7 @@ PROFILE_LAST_STEP = [
 def train(nproc: int, folder, *args: str) -> str:
     args = [*JOB, *args, f"--job.dump_folder={folder}"]
     if nproc > 1:
-        return torchrun(nproc, args)
+        return run_trainer(nproc, args)
     return run_checked([sys.executable, "-m", "torchtitan.train", *args], timeout=300)
 
 

@@ -10,7 +10,7 @@ more.
 
 import pytest
 
-from tests.distributed.launch import TINY_JOB, assert_curves_match, curves, from_seed, torchrun
+from tests.distributed.launch import TINY_JOB, assert_curves_match, curves, from_seed, run_trainer
 
 RTOL = 1e-5
 
@@ -129,5 +129,5 @@ def test_layout_matches_single_process(layout, seed_checkpoint, reference_curves
 
 def assert_layout_matches(nproc, overrides, seed_checkpoint, reference_curves, tmp_path):
     """Train TINY_JOB from the seed under ``overrides``; loss and grad norm match the reference."""
-    torchrun(nproc, [*TINY_JOB, *overrides, *from_seed(seed_checkpoint, tmp_path)])
+    run_trainer(nproc, [*TINY_JOB, *overrides, *from_seed(seed_checkpoint, tmp_path)])
     assert_curves_match(curves(tmp_path), reference_curves, points=6, rtol=RTOL)

@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from tests.distributed.launch import TINY_JOB, read_metrics, torchrun
+from tests.distributed.launch import TINY_JOB, read_metrics, run_trainer
 from tests.distributed.test_parity import RTOL
 
 JOB = [
@@ -39,7 +39,7 @@ RESUME_LAYOUTS = {
 @pytest.fixture(scope="module")
 def uninterrupted(seed_checkpoint, tmp_path_factory):
     folder = tmp_path_factory.mktemp("fsdp4")
-    torchrun(
+    run_trainer(
         4,
         [
             *JOB,
@@ -67,7 +67,7 @@ def assert_steps_6_to_10_continue(uninterrupted, resumed) -> None:
 def test_resume_under_another_layout(layout, uninterrupted, tmp_path):
     shutil.copytree(uninterrupted / "checkpoint" / "step-5", tmp_path / "checkpoint" / "step-5")
     nproc, overrides = RESUME_LAYOUTS[layout]
-    out = torchrun(nproc, [*JOB, *overrides, f"--job.dump_folder={tmp_path}"])
+    out = run_trainer(nproc, [*JOB, *overrides, f"--job.dump_folder={tmp_path}"])
     assert "continuing after step 5" in out
 
     assert_steps_6_to_10_continue(uninterrupted, tmp_path)
@@ -76,7 +76,7 @@ def test_resume_under_another_layout(layout, uninterrupted, tmp_path):
 def test_fsdp8_checkpoint_resumes_under_pp2_fsdp2_tp2(seed_checkpoint, tmp_path):
     """The CPU form of issue #8's "save under FSDP8, resume under PP2xFSDP2xTP2" (8 ranks)."""
     saved, resumed = tmp_path / "fsdp8", tmp_path / "pp2_fsdp2_tp2"
-    torchrun(
+    run_trainer(
         8,
         [
             *JOB,
@@ -92,7 +92,7 @@ def test_fsdp8_checkpoint_resumes_under_pp2_fsdp2_tp2(seed_checkpoint, tmp_path)
         "--parallelism.tensor_parallel_degree=2",
         "--parallelism.pipeline_parallel_schedule=Interleaved1F1B",
     ]
-    out = torchrun(8, [*JOB, *layout, f"--job.dump_folder={resumed}"])
+    out = run_trainer(8, [*JOB, *layout, f"--job.dump_folder={resumed}"])
     assert "continuing after step 5" in out
     assert_steps_6_to_10_continue(saved, resumed)
 

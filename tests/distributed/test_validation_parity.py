@@ -18,7 +18,7 @@ from tests.distributed.launch import (
     from_seed,
     read_metrics,
     run_checked,
-    torchrun,
+    run_trainer,
 )
 
 RTOL = 1e-5
@@ -107,5 +107,5 @@ def reference(seed_checkpoint, tmp_path_factory):
 def test_validation_loss_matches_single_process(layout, seed_checkpoint, reference, tmp_path):
     """Validation losses and training losses both match the single-process run's."""
     nproc, overrides = LAYOUTS[layout]
-    torchrun(nproc, [*VALIDATED_JOB, *overrides, *from_seed(seed_checkpoint, tmp_path)])
+    run_trainer(nproc, [*VALIDATED_JOB, *overrides, *from_seed(seed_checkpoint, tmp_path)])
     assert_curves_match(validated_curves(tmp_path), reference, points=2, rtol=RTOL)

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed.launch import run_checked, torchrun_cmd
+from tests.distributed.launch import run_ranks
 
 WORKER = Path(__file__).with_name("vocab_parallel_worker.py")
 
 
 @pytest.mark.parametrize("tp", [2, 3])
 def test_vocab_parallel_fused_loss_matches_the_whole_logits(tp):
-    out = run_checked([*torchrun_cmd(tp), str(WORKER)], timeout=120)
+    out = run_ranks(tp, [str(WORKER)], timeout=120)
     (line,) = [x for x in out.splitlines() if x.startswith("VP_RESULT ")]
     result = json.loads(line.removeprefix("VP_RESULT "))
     assert result["tp"] == tp

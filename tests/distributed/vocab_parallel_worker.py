@@ -1,5 +1,6 @@
-"""The fused chunked loss with the head's weight split over TP ranks by vocabulary rows (run under
-torchrun, gloo, CPU): loss and gradients against the plain loss of the whole logits in one process.
+"""The fused chunked loss with the head's weight split over TP ranks by vocabulary rows (run as
+ranks by ``run_ranks`` or torchrun, gloo, CPU): loss and gradients against the plain loss of the
+whole logits in one process.
 
 Every rank builds the same inputs. The hidden states enter sequence-sharded (as the SP final norm
 leaves them), the weight as a Shard(0) DTensor; a 53-row vocabulary does not split evenly, and a

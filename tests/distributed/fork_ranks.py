@@ -1,0 +1,148 @@
+"""Run N ranks of a module or script on this machine by forking one process that has imported
+the trainer.
+
+    python tests/distributed/fork_ranks.py NPROC LOG_DIR -m MODULE ARGS...
+    python tests/distributed/fork_ranks.py NPROC LOG_DIR SCRIPT.py ARGS...
+
+What torchrun does for a single-node CPU job, minus its cost on the 2-core CI machine: each
+torchrun worker is a fresh interpreter that imports torch and the trainer (about 4.5 s of CPU),
+and the agent imports torch too. Here the imports happen once and every rank is a fork of the
+result (copy-on-write). Nothing has run in the parent but imports, so no thread, process group or
+OpenMP pool is inherited (``OMP_NUM_THREADS=1`` is set by the test launcher).
+
+Each rank gets torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) and writes stdout and stderr to
+``LOG_DIR/rank_<r>.log``, then runs the target as ``python -m MODULE`` or ``python SCRIPT.py``
+would (``runpy``; its ``sys.exit`` code is the rank's). Rank 0's log is copied to this process's
+stdout at the end. When a rank fails, the others are stopped (SIGTERM, then SIGKILL), as torchrun
+does; the exit code is the first failed rank's. The parity tests use it; the tests of launching
+itself (signals, restarts, ``run_train.sh``, several nodes) keep torchrun.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import torchtitan.train  # noqa: F401  (the expensive imports, done once before the forks)
+
+GRACE_SECONDS = 5.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_target(target: list[str]) -> None:
+    """``python -m MODULE ARGS`` (target ``["-m", MODULE, *ARGS]``) or ``python SCRIPT ARGS``."""
+    if target[0] == "-m":
+        sys.argv = [target[1], *target[2:]]
+        runpy.run_module(target[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(target)
+        sys.path.insert(0, str(Path(target[0]).resolve().parent))
+        runpy.run_path(target[0], run_name="__main__")
+
+
+def run_rank(rank: int, nproc: int, port: int, log: Path, target: list[str]) -> None:
+    """In the forked child: become rank ``rank`` and run the target; never returns."""
+    code = 1
+    try:
+        os.environ.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            GROUP_RANK="0",
+            WORLD_SIZE=str(nproc),
+            LOCAL_WORLD_SIZE=str(nproc),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        run_target(target)
+        code = 0
+    except SystemExit as stop:  # as the interpreter treats it: None is 0, a message is 1
+        if isinstance(stop.code, int) or stop.code is None:
+            code = stop.code or 0
+        else:
+            print(stop.code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code or 0)
+
+
+def stop_all(pids: set[int]) -> None:
+    """SIGTERM the ranks in ``pids``, then SIGKILL those still there after ``GRACE_SECONDS``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + GRACE_SECONDS
+        while pids and time.monotonic() < deadline:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:  # every child already reaped
+                return
+            if pid == 0:
+                time.sleep(0.05)
+            pids.discard(pid)
+        if not pids:
+            return
+
+
+def wait_for_ranks(ranks: dict[int, int]) -> int:
+    """Wait for every rank; on the first failure stop the rest. -> the job's exit code."""
+    live = set(ranks)
+    while live:
+        pid, status = os.waitpid(-1, 0)
+        if pid not in live:
+            continue
+        live.discard(pid)
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            # "(SIGABRT)" as torchrun prints it: launch.py tells a C++ abort by it.
+            how = f"({signal.Signals(-code).name})" if code < 0 else f"with exit code {code}"
+            print(f"fork_ranks: rank {ranks[pid]} failed {how}", file=sys.stderr)
+            stop_all(live)
+            return code if code > 0 else 128 - code
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    nproc, log_dir, target = int(argv[0]), Path(argv[1]), argv[2:]
+    log_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    ranks = {}
+    for rank in range(nproc):
+        pid = os.fork()
+        if pid == 0:
+            run_rank(rank, nproc, port, log_dir / f"rank_{rank}.log", target)
+        ranks[pid] = rank
+    signal.signal(signal.SIGTERM, lambda *_: (stop_all(set(ranks)), os._exit(143)))
+    code = wait_for_ranks(ranks)
+    sys.stdout.write((log_dir / "rank_0.log").read_text(errors="replace"))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
