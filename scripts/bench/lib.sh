@@ -1,6 +1,7 @@
 # Side-by-side helpers for a GPU machine (run from the repo root; needs .peer/ from ../shared/peer/build.sh).
 # ref NAME GPUS ARGS / ours NAME GPUS ARGS run one side on the listed GPUs (1-GPU runs can go concurrently);
 # each prints the last metrics line (step 30 or 20); logs go to $OUT/logs, packed by `pack`.
+# PREPEND_PATH=DIR puts DIR first on both sides' PYTHONPATH (e.g. scripts/bench/step_timing).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTORCH_ALLOC_CONF="expandable_segments:True"
 root=$PWD; peer=$root/.peer; site=/tmp/peer_site; out=${OUT:-/tmp}; mkdir -p $out/logs
@@ -11,7 +12,7 @@ ngpus() { awk -F, '{print NF}' <<<"$1"; }
 # ref NAME GPUS ARGS...: the reference framework (bench_8b.toml + args)
 ref() {
   local name=$1 gpus=$2; shift 2
-  (cd $peer/torchtitan && CUDA_VISIBLE_DEVICES=$gpus PYTHONPATH=$site:$peer/torchtitan timeout ${T:-300} \
+  (cd $peer/torchtitan && CUDA_VISIBLE_DEVICES=$gpus PYTHONPATH=${PREPEND_PATH:+$PREPEND_PATH:}$site:$peer/torchtitan timeout ${T:-300} \
     torchrun --nproc_per_node=$(ngpus $gpus) --rdzv_backend c10d --rdzv_endpoint=localhost:0 \
     --local-ranks-filter 0 --role rank --tee 3 -m torchtitan.train --job.config_file bench_8b.toml \
     --training.dataset c4_test --model.hf_assets_path tests/assets/tokenizer --metrics.log_freq 10 \
@@ -21,7 +22,7 @@ ref() {
 # ours NAME GPUS ARGS...: this project (CONFIG_FILE, default the 8B config)
 ours() {
   local name=$1 gpus=$2; shift 2
-  (cd $root && CUDA_VISIBLE_DEVICES=$gpus PYTHONPATH=$site:$root PYTHON=python3 NGPU=$(ngpus $gpus) \
+  (cd $root && CUDA_VISIBLE_DEVICES=$gpus PYTHONPATH=${PREPEND_PATH:+$PREPEND_PATH:}$site:$root PYTHON=python3 NGPU=$(ngpus $gpus) \
     CONFIG_FILE=${CONFIG_FILE:-train_configs/llama3_8b.toml} timeout ${T:-300} ./run_train.sh \
     --metrics.log_freq 10 --training.dataset sample --metrics.enable_tensorboard false \
     --job.dump_folder /tmp/ours_$name "$@" > $out/logs/ours_$name.log 2>&1)
