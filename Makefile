@@ -16,7 +16,7 @@ train: $(VENV)/.installed
 	PYTHON=$(PY) ./run_train.sh $(ARGS)
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist worksteal tests
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff format --check . && $(VENV)/bin/ruff check .
