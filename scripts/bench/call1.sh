@@ -17,7 +17,7 @@ for s in ref ours; do
 done
 cat $out/logs/trace_*.txt $out/logs/mem_*.txt | cut -c1-160
 unset CONFIG_FILE
-CP="--training.steps 20 --training.seq_len 32768 --compile.enable --parallelism.context_parallel_degree 4"
+CP=$CP4_ROW
 T=330 ref cp4 0,1,2,3 $CP
 T=330 ours cp4 0,1,2,3 $CP --compile.loss --activation_checkpoint.mode selective --activation_checkpoint.save_matmuls alternate
 pack

@@ -5,7 +5,7 @@
 # converter name, docs/float8.md), FSDP4 Float8 rowwise.
 source scripts/bench/lib.sh
 card
-S="--training.steps 30 --training.seq_len 8192 --compile.enable"
+S=$ROW_8K
 TP2="--parallelism.tensor_parallel_degree 2"
 T=150 fits 100 ref fsdp4_f8 0,1,2,3 $S $REF_F8_FSDP
 T=150 fits 100 ours fsdp4_f8 0,1,2,3 $S --compile.loss $SAC $OURS_F8_FSDP

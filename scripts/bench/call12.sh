@@ -3,7 +3,7 @@
 # 1B FSDP2 rowwise did not in call 11), then ours without AC (is selective AC a factor?).
 source scripts/bench/lib.sh
 card
-S="--training.steps 30 --training.seq_len 8192 --compile.enable"
+S=$ROW_8K
 T=150 fits 200 ref fsdp4_rowwise 0,1,2,3 $S $REF_F8 --quantize.linear.float8.recipe_name rowwise
 T=150 fits 100 ours fsdp4_rowwise 0,1,2,3 $S --compile.loss $SAC --float8.enable --float8.recipe rowwise
 T=100 fits 100 ours fsdp4_rowwise_noac 0,1,2,3 $S --compile.loss --activation_checkpoint.mode none --float8.enable --float8.recipe rowwise --training.steps 12

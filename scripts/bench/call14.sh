@@ -4,7 +4,7 @@
 # batch 8, microbatch 1), bf16, side by side. call15.sh has CP4 and the 1B rows.
 source scripts/bench/lib.sh
 card
-S="--training.steps 30 --training.seq_len 8192 --compile.enable"
+S=$ROW_8K
 PP="--parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule Interleaved1F1B --training.local_batch_size 8 --parallelism.pipeline_parallel_microbatch_size 1"
 T=150 fits 330 ref fsdp4_acoff 0,1,2,3 $S --activation_checkpoint.mode none
 T=150 fits 270 ours fsdp4_acoff 0,1,2,3 $S --compile.loss --activation_checkpoint.mode none

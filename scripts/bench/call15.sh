@@ -4,12 +4,12 @@
 # GPUs 0-1, batch 4 AC off on GPUs 2-3).
 source scripts/bench/lib.sh
 card
-CP="--training.steps 20 --training.seq_len 32768 --compile.enable --parallelism.context_parallel_degree 4"
+CP=$CP4_ROW
 T=240 fits 480 ref cp4 0,1,2,3 $CP
 T=240 fits 240 ours cp4 0,1,2,3 $CP --compile.loss $SAC
 windows cp4
 export CONFIG_FILE=train_configs/llama3_1b.toml
-S="--training.steps 30 --training.seq_len 8192 --compile.enable"
+S=$ROW_8K
 if (( DEADLINE - $(date +%s) > 130 )); then
   T=120 ref 1b_sac 0 $S --model.flavor 1B --training.local_batch_size 2 &
   T=120 ours 1b_sac 1 $S --compile.loss $SAC --training.local_batch_size 2 &

@@ -9,7 +9,7 @@
 # a copy of the tree.
 source scripts/bench/lib.sh
 card
-S="--training.steps 30 --training.seq_len 8192 --compile.enable"
+S=$ROW_8K
 OV="--optimizer.overlap_forward"
 T=150 fits 100 ref fsdp4_bf16 0,1,2,3 $S
 T=150 fits 100 ours fsdp4_bf16 0,1,2,3 $S --compile.loss $SAC

@@ -5,9 +5,9 @@
 # AC off. (3) CP4 at seq 32768, selective AC, 20 steps (steps 11-20).
 source scripts/bench/lib.sh
 card
-S="--training.steps 30 --training.seq_len 8192 --compile.enable"
+S=$ROW_8K
 TP2="--parallelism.tensor_parallel_degree 2"
-CP="--training.steps 20 --training.seq_len 32768 --compile.enable --parallelism.context_parallel_degree 4"
+CP=$CP4_ROW
 T=150 fits 470 ref fsdp2tp2_f8 0,1,2,3 $S $TP2 $REF_F8_FSDP
 T=150 fits 400 ours fsdp2tp2_f8 0,1,2,3 $S $TP2 --compile.loss $SAC $OURS_F8_FSDP
 T=150 fits 330 ours fsdp2tp2_f8_plain_tp 0,1,2,3 $S $TP2 --compile.loss $SAC $OURS_F8_FSDP --float8.tp_float8_all_gather false

@@ -4,7 +4,7 @@
 # selective AC on GPUs 0-1, batch 4 AC off on GPUs 2-3); 8B FSDP2xTP2 bf16 if time is left.
 source scripts/bench/lib.sh
 card
-S="--training.steps 30 --training.seq_len 8192 --compile.enable"
+S=$ROW_8K
 TP2="--parallelism.tensor_parallel_degree 2"
 T=150 fits 420 ref fsdp2tp2_f8 0,1,2,3 $S $TP2 $REF_F8_FSDP
 T=150 fits 350 ours fsdp2tp2_f8 0,1,2,3 $S $TP2 --compile.loss $SAC $OURS_F8_FSDP

@@ -7,7 +7,7 @@
 # lifted in a copy of the tree; 6 steps, the grad norm of step 1 is the answer.
 source scripts/bench/lib.sh
 card
-S="--training.steps 30 --training.seq_len 8192 --compile.enable"
+S=$ROW_8K
 TP2="--parallelism.tensor_parallel_degree 2"
 T=170 fits 420 ours fsdp2tp2_f8 0,1,2,3 $S $TP2 --compile.loss $SAC $OURS_F8_FSDP --float8.tp_shard_scales false $PROFILE_30
 T=170 fits 300 ref fsdp2tp2_f8 0,1,2,3 $S $TP2 $REF_F8_FSDP

@@ -4,7 +4,7 @@
 # the 1B Float8 row (one GPU each, batch 4, AC off) with the 1B bf16 AC-off pair beside it.
 source scripts/bench/lib.sh
 card
-S="--training.steps 30 --training.seq_len 8192 --compile.enable"
+S=$ROW_8K
 TP2="--parallelism.tensor_parallel_degree 2"
 T=160 fits 540 ref fsdp2tp2 0,1,2,3 $S $TP2
 T=160 fits 400 ours fsdp2tp2 0,1,2,3 $S $TP2 --compile.loss $SAC

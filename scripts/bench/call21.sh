@@ -3,11 +3,11 @@
 # default (no profiler on either side); 8B PP2 (Interleaved1F1B, 8 microbatches) x FSDP2.
 source scripts/bench/lib.sh
 card
-S="--training.steps 30 --training.seq_len 8192 --compile.enable"
+S=$ROW_8K
 TP2="--parallelism.tensor_parallel_degree 2"
 T=150 fits 560 ours fsdp2tp2_f8 0,1,2,3 $S $TP2 --compile.loss $SAC $OURS_F8_FSDP
 T=150 fits 420 ref fsdp2tp2_f8 0,1,2,3 $S $TP2 $REF_F8_FSDP
-PP="--training.steps 20 --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule Interleaved1F1B --training.local_batch_size 8 --parallelism.pipeline_parallel_microbatch_size 1 --training.seq_len 8192 --compile.enable"
+PP=$PP2_ROW
 T=150 fits 280 ref pp2 0,1,2,3 $PP
 T=150 fits 140 ours pp2 0,1,2,3 $PP --compile.loss $SAC
 for r in fsdp2tp2_f8 pp2; do windows $r; done

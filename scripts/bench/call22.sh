@@ -4,7 +4,7 @@
 # computing), the reference between them. (alltoall with compile is refused since: it hangs.)
 source scripts/bench/lib.sh
 card
-CP="--training.steps 20 --training.seq_len 32768 --compile.enable --parallelism.context_parallel_degree 4"
+CP=$CP4_ROW
 T=150 fits 440 ours cp4 0,1,2,3 $CP --compile.loss $SAC
 T=150 fits 300 ref cp4 0,1,2,3 $CP
 T=150 fits 150 ours cp4_alltoall 0,1,2,3 $CP --compile.loss $SAC --parallelism.context_parallel_rotate_method alltoall

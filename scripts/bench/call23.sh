@@ -4,7 +4,7 @@
 # (2) TP + compile + full AC (fixed on CPU in 7d9f0b0) on a GPU: 8B FSDP2xTP2, 10 steps.
 source scripts/bench/lib.sh
 card
-CP="--training.steps 20 --training.seq_len 32768 --compile.enable --parallelism.context_parallel_degree 4"
+CP=$CP4_ROW
 P20="--profiling.enable_profiling --profiling.profile_freq 20 --profiling.profiler_warmup 2 --profiling.profiler_active 1"
 T=170 fits 400 ours cp4 0,1,2,3 $CP --compile.loss $SAC $P20
 T=170 fits 260 ref cp4 0,1,2,3 $CP $P20 --profiling.save_traces_folder profile_traces

@@ -5,7 +5,7 @@
 # are clean; compare with calls 17/22: ours 5,966 / 5,981), exposed communication per collective.
 source scripts/bench/lib.sh
 card
-S="--training.steps 30 --training.seq_len 8192 --compile.enable"
+S=$ROW_8K
 T=170 fits 420 ref fsdp4_rowwise 0,1,2,3 $S $REF_F8 --quantize.linear.float8.recipe_name rowwise
 T=170 fits 250 ours fsdp4_rowwise 0,1,2,3 $S --compile.loss $SAC --float8.enable --float8.recipe rowwise
 for s in ref ours; do

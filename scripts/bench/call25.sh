@@ -5,7 +5,7 @@
 # steps 11-20); then 8B FSDP2xTP2 bf16 with it (30 steps; call 20: ref 7,828, ours 7,981).
 source scripts/bench/lib.sh
 card
-CP="--training.steps 20 --training.seq_len 32768 --compile.enable --parallelism.context_parallel_degree 4"
+CP=$CP4_ROW
 T=150 fits 450 ours cp4_reorder 0,1,2,3 $CP --compile.loss $SAC --compile.reorder_collectives
 T=150 fits 330 ref cp4 0,1,2,3 $CP
 T=150 fits 210 ours cp4 0,1,2,3 $CP --compile.loss $SAC

@@ -9,7 +9,7 @@ source scripts/bench/lib.sh
 card
 if (( DEADLINE - $(date +%s) > 200 )); then
   (export CONFIG_FILE=train_configs/llama3_1b.toml
-  S1="--training.steps 30 --training.seq_len 8192 --compile.enable"
+  S1=$ROW_8K
   T=200 ref 1b_sac 0 $S1 --model.flavor 1B --training.local_batch_size 2 &
   T=200 ours 1b_sac 1 $S1 --compile.loss --compile.tune_kernels $SAC --training.local_batch_size 2 &
   T=200 ref 1b_f8 2 $S1 --model.flavor 1B --training.local_batch_size 4 --activation_checkpoint.mode none $REF_F8 &
@@ -17,7 +17,7 @@ if (( DEADLINE - $(date +%s) > 200 )); then
   wait)
 fi
 for r in 1b_sac 1b_f8; do windows $r; done
-CP="--training.steps 20 --training.seq_len 32768 --compile.enable --parallelism.context_parallel_degree 4"
+CP=$CP4_ROW
 T=190 fits 330 ours cp4 0,1,2,3 $CP --compile.loss --compile.tune_kernels $SAC
 T=150 fits 150 ref cp4 0,1,2,3 $CP
 windows cp4

@@ -5,10 +5,10 @@
 # Ours ran with --compile.tune_kernels as the default of that commit; it is passed explicitly here.
 source scripts/bench/lib.sh
 card
-CP="--training.steps 20 --training.seq_len 32768 --compile.enable --parallelism.context_parallel_degree 4"
+CP=$CP4_ROW
 T=200 fits 200 ours cp4 0,1,2,3 $CP --compile.loss --compile.tune_kernels $SAC
 grep -E "step +(10|20)/" $out/logs/ours_cp4.log | sed 's/^\[rank0\]://' | cut -c1-150
-S="--training.steps 30 --training.seq_len 8192 --compile.enable"
+S=$ROW_8K
 T=160 fits 300 ours fsdp4 0,1,2,3 $S --compile.loss --compile.tune_kernels $SAC
 T=140 fits 140 ref fsdp4 0,1,2,3 $S
 windows fsdp4

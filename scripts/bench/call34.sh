@@ -8,7 +8,7 @@ M="--training.steps 12 --training.seq_len 8192 --compile.enable --profiling.enab
 T=150 fits 150 ref fsdp4_mem 0,1,2,3 $M
 T=150 fits 150 ours fsdp4_mem 0,1,2,3 $M --compile.loss $SAC
 for run in ref_fsdp4_mem ours_fsdp4_mem; do memory $run 12 --top 18 --last 10; done
-PP="--training.steps 20 --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule Interleaved1F1B --training.local_batch_size 8 --parallelism.pipeline_parallel_microbatch_size 1 --training.seq_len 8192 --compile.enable"
+PP=$PP2_ROW
 T=150 fits 150 ref pp2 0,1,2,3 $PP
 T=150 fits 150 ours pp2 0,1,2,3 $PP --compile.loss $SAC
 windows pp2

@@ -4,11 +4,11 @@
 # selective AC and PP2 (Interleaved1F1B, 8 microbatches) x FSDP2 side by side.
 source scripts/bench/lib.sh
 card
-S="--training.steps 30 --training.seq_len 8192 --compile.enable"
+S=$ROW_8K
 T=150 fits 150 ours fsdp4 0,1,2,3 $S --compile.loss $SAC
 T=150 fits 150 ref fsdp4 0,1,2,3 $S
 windows fsdp4
-PP="--training.steps 20 --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule Interleaved1F1B --training.local_batch_size 8 --parallelism.pipeline_parallel_microbatch_size 1 --training.seq_len 8192 --compile.enable"
+PP=$PP2_ROW
 T=150 fits 260 ours pp2 0,1,2,3 $PP --compile.loss $SAC
 T=150 fits 130 ref pp2 0,1,2,3 $PP
 windows pp2

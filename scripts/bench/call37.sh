@@ -10,7 +10,7 @@ card
   --flavor 8B --shard 4 --device cuda > $out/logs/optimizer.log 2>&1; echo "optimizer rc=$?") &
 wait
 cat $out/logs/attention.log $out/logs/optimizer.log | cut -c1-150
-S="--training.steps 30 --training.seq_len 8192 --compile.enable"
+S=$ROW_8K
 T=150 fits 150 ours fsdp4 0,1,2,3 $S --compile.loss $SAC $PROFILE_30
 T=150 fits 150 ref fsdp4 0,1,2,3 $S $REF_PROFILE_30
 windows fsdp4

@@ -7,11 +7,11 @@
 source scripts/bench/lib.sh
 card
 export STEP_TIMING=1 PREPEND_PATH=$root/scripts/bench/step_timing
-S1="--training.steps 30 --training.seq_len 8192 --compile.enable"
+S1=$ROW_8K
 CONFIG_FILE=train_configs/llama3_1b.toml T=200 fits 200 ours 1b 0 $S1 --compile.loss $SAC --training.local_batch_size 2 &
 T=200 fits 200 ref 1b 1 $S1 --model.flavor 1B --training.local_batch_size 2 &
 wait
-S="--training.steps 30 --training.seq_len 8192 --compile.enable"
+S=$ROW_8K
 T=150 fits 150 ours fsdp4 0,1,2,3 $S --compile.loss $SAC
 T=150 fits 150 ref fsdp4 0,1,2,3 $S
 for run in ours_1b ref_1b ours_fsdp4 ref_fsdp4; do echo "$run"; grep -h "STEP_TIMING" $out/logs/$run.log | sed 's/^\[rank0\]://'; done

@@ -5,11 +5,11 @@
 # (bf16 and Float8 tensorwise, batch 4), one GPU each, concurrently. No kernel tuning.
 source scripts/bench/lib.sh
 card
-CP="--training.steps 20 --training.seq_len 32768 --compile.enable --parallelism.context_parallel_degree 4"
+CP=$CP4_ROW
 T=170 fits 170 ours cp4 0,1,2,3 $CP --compile.loss $SAC
 T=150 fits 150 ref cp4 0,1,2,3 $CP
 windows cp4
-S="--training.steps 30 --training.seq_len 8192 --compile.enable"
+S=$ROW_8K
 T=150 fits 150 ours fsdp4_f8 0,1,2,3 $S --compile.loss $SAC $OURS_F8_FSDP
 T=150 fits 150 ref fsdp4_f8 0,1,2,3 $S $REF_F8_FSDP
 windows fsdp4_f8

@@ -6,7 +6,7 @@
 # warm machine, as the same `ref pp2 0,1,2,3 $PP` line with T=170 (docs/benchmarks.md).
 source scripts/bench/lib.sh
 card
-S="--training.steps 30 --training.seq_len 8192 --compile.enable"
+S=$ROW_8K
 T=150 fits 150 ours fsdp4_acoff 0,1,2,3 $S --compile.loss --activation_checkpoint.mode none
 T=150 fits 150 ref fsdp4_acoff 0,1,2,3 $S --activation_checkpoint.mode none
 windows fsdp4_acoff
@@ -14,7 +14,7 @@ TP="$S --parallelism.tensor_parallel_degree 2"
 T=150 fits 150 ours fsdp2tp2 0,1,2,3 $TP --compile.loss $SAC
 T=150 fits 150 ref fsdp2tp2 0,1,2,3 $TP
 windows fsdp2tp2
-PP="--training.steps 20 --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule Interleaved1F1B --training.local_batch_size 8 --parallelism.pipeline_parallel_microbatch_size 1 --training.seq_len 8192 --compile.enable"
+PP=$PP2_ROW
 T=150 fits 150 ours pp2 0,1,2,3 $PP --compile.loss $SAC
 T=150 fits 150 ref pp2 0,1,2,3 $PP
 windows pp2

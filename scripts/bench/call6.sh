@@ -5,7 +5,7 @@
 source scripts/bench/lib.sh
 card
 export CONFIG_FILE=train_configs/llama3_1b.toml
-S="--training.steps 30 --training.seq_len 8192 --compile.enable"
+S=$ROW_8K
 B4="--training.local_batch_size 4 --activation_checkpoint.mode none"
 T=170 ref 1b_sac 0 $S --model.flavor 1B --training.local_batch_size 2 &
 T=170 ours 1b_sac 1 $S --compile.loss --training.local_batch_size 2 $SAC &

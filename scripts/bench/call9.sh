@@ -4,7 +4,7 @@
 # is left. Brings back both sides' rank-0 Float8 traces (gzipped).
 source scripts/bench/lib.sh
 card
-S="--training.steps 30 --training.seq_len 8192 --compile.enable"
+S=$ROW_8K
 T=150 fits 330 ref fsdp4_f8 0,1,2,3 $S $REF_F8_FSDP $REF_PROFILE_30
 T=150 fits 270 ours fsdp4_f8 0,1,2,3 $S --compile.loss $SAC $OURS_F8_FSDP $PROFILE_30
 T=150 fits 210 ref fsdp4_bf16 0,1,2,3 $S $REF_PROFILE_30

@@ -39,7 +39,12 @@ DEADLINE=$(( $(date +%s) + ${BUDGET:-560} ))
 # fits SECONDS CMD...: run CMD only if SECONDS are left before the call's deadline (so pack still runs).
 fits() { local need=$1; shift; if (( DEADLINE - $(date +%s) > need )); then "$@"; else echo "skipped (no time): $*"; fi; }
 
-# Flags the call scripts share (calls 1-3 spell them out as they ran).
+# Flags the call scripts share (calls 1-3 spell most of them out as they ran).
+# The benchmark rows' common settings: seq 8192, 30 steps, compile (the 8B and 1B rows); 8B CP4 at
+# seq 32768, 20 steps; 8B PP2 (Interleaved1F1B, 8 microbatches of 1) x FSDP2, 20 steps.
+ROW_8K="--training.steps 30 --training.seq_len 8192 --compile.enable"
+CP4_ROW="--training.steps 20 --training.seq_len 32768 --compile.enable --parallelism.context_parallel_degree 4"
+PP2_ROW="--training.steps 20 --parallelism.pipeline_parallel_degree 2 --parallelism.pipeline_parallel_schedule Interleaved1F1B --training.local_batch_size 8 --parallelism.pipeline_parallel_microbatch_size 1 --training.seq_len 8192 --compile.enable"
 SAC="--activation_checkpoint.mode selective --activation_checkpoint.save_matmuls alternate"  # ours
 REF_F8="--model.converters quantize.linear.float8"
 REF_F8_FSDP="$REF_F8 --quantize.linear.float8.enable_fsdp_float8_all_gather --quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp"
