@@ -14,9 +14,10 @@ Each rank gets torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) and writes stdout and stderr to
 ``LOG_DIR/rank_<r>.log``, then runs the target as ``python -m MODULE`` or ``python SCRIPT.py``
 would (``runpy``; its ``sys.exit`` code is the rank's). Rank 0's log is copied to this process's
-stdout at the end. When a rank fails, the others are stopped (SIGTERM, then SIGKILL), as torchrun
-does; the exit code is the first failed rank's. The parity tests use it; the tests of launching
-itself (signals, restarts, ``run_train.sh``, several nodes) keep torchrun.
+stdout at the end. When a rank fails, the others get a few seconds to end on their own, then
+are stopped (SIGTERM, then SIGKILL), as torchrun does; the exit code is the first failed rank's.
+The parity tests use it; the tests of launching itself (signals, restarts, ``run_train.sh``,
+several nodes) keep torchrun.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from pathlib import Path
 import torchtitan.train  # noqa: F401  (the expensive imports, done once before the forks)
 
 GRACE_SECONDS = 5.0
+# After the first failure, how long the other ranks may take to end on their own before they are
+# stopped: ranks failing for the same reason (a bad flag) finish saying so.
+LAST_WORDS_SECONDS = 3.0
 
 
 def free_port() -> int:
@@ -87,6 +91,20 @@ def run_rank(rank: int, nproc: int, port: int, log: Path, target: list[str]) -> 
         os._exit(code or 0)
 
 
+def reap(pids: set[int], seconds: float) -> None:
+    """Wait up to ``seconds`` for the ranks in ``pids`` to end; removes those that did."""
+    deadline = time.monotonic() + seconds
+    while pids and time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:  # every child already reaped
+            pids.clear()
+            return
+        if pid == 0:
+            time.sleep(0.05)
+        pids.discard(pid)
+
+
 def stop_all(pids: set[int]) -> None:
     """SIGTERM the ranks in ``pids``, then SIGKILL those still there after ``GRACE_SECONDS``."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -95,15 +113,7 @@ def stop_all(pids: set[int]) -> None:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        deadline = time.monotonic() + GRACE_SECONDS
-        while pids and time.monotonic() < deadline:
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:  # every child already reaped
-                return
-            if pid == 0:
-                time.sleep(0.05)
-            pids.discard(pid)
+        reap(pids, GRACE_SECONDS)
         if not pids:
             return
 
@@ -121,6 +131,7 @@ def wait_for_ranks(ranks: dict[int, int]) -> int:
             # "(SIGABRT)" as torchrun prints it: launch.py tells a C++ abort by it.
             how = f"({signal.Signals(-code).name})" if code < 0 else f"with exit code {code}"
             print(f"fork_ranks: rank {ranks[pid]} failed {how}", file=sys.stderr)
+            reap(live, LAST_WORDS_SECONDS)
             stop_all(live)
             return code if code > 0 else 128 - code
     return 0

@@ -100,13 +100,15 @@ def test_mini_tokenizer_ids(tmp_path):
 def test_llama3_sized_file_ids_and_load_time(tmp_path):
     merges = [b"<%d>" % i for i in range(128_000 - 256)]
     path = write_ranks(tmp_path / "tokenizer.model", [*single_bytes(), *merges])
-    start = time.perf_counter()
+    # CPU time, not wall time: other tests share the CI cores. The bound catches a load that is
+    # quadratic in the vocabulary (minutes at 128k), not a slowdown of a few percent.
+    start = time.process_time()
     tok = Tokenizer(path)
-    load_seconds = time.perf_counter() - start
+    load_seconds = time.process_time() - start
     assert (tok.vocab_size, tok.bos_id, tok.eos_id) == (128_256, 128_000, 128_001)
     assert tok.special_tokens["<|eot_id|>"] == 128_009
     assert tok.special_tokens["<|reserved_special_token_246|>"] == 128_255
-    assert load_seconds < 5
+    assert load_seconds < 20
 
 
 @pytest.mark.parametrize(
