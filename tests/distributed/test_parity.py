@@ -58,6 +58,12 @@ LAYOUTS = {
         4,
         ["--training.local_batch_size=4", "--parallelism.tensor_parallel_degree=2"],
     ),
+    # The embedding all-gathered by FSDP instead of looked up where its vocabulary rows live
+    # (the default without TP, which the other FSDP and HSDP layouts here take).
+    "fsdp2_gathered_embedding": (
+        2,
+        ["--training.local_batch_size=4", "--parallelism.fsdp_sharded_embedding=false"],
+    ),
     # The 8-rank meshes of the 8-GPU runs (issue #8), on CPU.
     "fsdp8": (8, ["--training.local_batch_size=1"]),
     "hsdp2x4": (

@@ -205,6 +205,11 @@ class Parallelism(Section):
     fsdp_reshard_after_forward: ReshardAfterForward = opt(
         "default", "free gathered weights after forward; default = yes, except under PP"
     )
+    fsdp_sharded_embedding: bool = opt(
+        True,
+        "FSDP/HSDP without TP: look the embedding up where its vocabulary rows live instead of"
+        " all-gathering the table",
+    )
     disable_loss_parallel: bool = opt(False, "with TP: gather the logits instead of loss parallel")
     enable_async_tensor_parallel: bool = opt(
         False, "overlap TP collectives with matmuls (CUDA + compile)"

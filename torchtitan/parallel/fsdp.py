@@ -15,6 +15,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from torchtitan.parallel.blocks import block_items
+from torchtitan.parallel.sharded_embedding import RowShardedEmbedding, plain_lookup
 
 
 def _present(model: nn.Module, names: Sequence[str]) -> list[nn.Module]:
@@ -25,6 +26,27 @@ def _present(model: nn.Module, names: Sequence[str]) -> list[nn.Module]:
         except AttributeError:  # absent, e.g. cut away (set to None) by a pipeline split
             pass
     return modules
+
+
+def shard_embedding_rows(
+    model: nn.Module,
+    names: Sequence[str],
+    mesh: DeviceMesh,
+    out_dtype: torch.dtype,
+    grad_dtype: torch.dtype,
+) -> set[nn.Parameter]:
+    """Replace each plain ``nn.Embedding`` among ``names`` with a :class:`RowShardedEmbedding`
+    on ``mesh`` (others stay FSDP's); returns their weights, which FSDP must then leave alone."""
+    weights = set()
+    for name in names:
+        module = _present(model, [name])
+        if not module or not isinstance(module[0], nn.Embedding) or not plain_lookup(module[0]):
+            continue
+        sharded = RowShardedEmbedding(module[0], mesh, out_dtype, grad_dtype)
+        parent, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, attr, sharded)
+        weights.add(sharded.weight)
+    return weights
 
 
 def reshard_after_forward(policy: str, pipeline_parallel: bool) -> bool:
@@ -45,6 +67,7 @@ def apply_fsdp(
     blocks_attr: str = "layers",
     input_group: Sequence[str] = ("tok_embeddings",),
     output_group: Sequence[str] = ("norm", "output"),
+    embedding_rows_sharded: bool = False,
 ) -> None:
     """Shard ``model`` in place: the input modules (embeddings) as one group, each block, the
     output modules (final norm + head) as one group, then the root, which takes every parameter
@@ -53,6 +76,10 @@ def apply_fsdp(
 
     Each group's parameters are all-gathered right before its forward and its gradients
     reduce-scattered right after its backward, which overlaps communication with compute.
+
+    ``embedding_rows_sharded``: the input group's embeddings are not all-gathered but looked up
+    where their rows live (:mod:`torchtitan.parallel.sharded_embedding`); only with a shard group
+    of more than one rank and no tensor parallelism on the embedding.
     """
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     # The blocks and the head get activations already in param_dtype (from the embeddings or the
@@ -64,7 +91,10 @@ def apply_fsdp(
         param_dtype=param_dtype, reduce_dtype=reduce_dtype, cast_forward_inputs=False
     )
     reshard = reshard_after_forward(reshard_policy, pipeline_parallel)
-    inputs = _present(model, input_group)
+    ignored = set()
+    if embedding_rows_sharded and mesh.size(mesh.ndim - 1) > 1:
+        ignored = shard_embedding_rows(model, input_group, mesh, param_dtype, reduce_dtype)
+    inputs = [m for m in _present(model, input_group) if not isinstance(m, RowShardedEmbedding)]
     if inputs:
         fully_shard(inputs, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
     blocks = [block for _, block in block_items(model, blocks_attr)]
@@ -77,4 +107,6 @@ def apply_fsdp(
     outputs = _present(model, output_group)
     if outputs:
         fully_shard(outputs, mesh=mesh, reshard_after_forward=False, mp_policy=inner)
-    fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
+    fully_shard(
+        model, mesh=mesh, reshard_after_forward=False, mp_policy=mp, ignored_params=ignored or None
+    )

@@ -164,5 +164,6 @@ def parallelize_llama(model: nn.Module, dims: ParallelDims, cfg: JobConfig, devi
             blocks_attr=LLAMA_BLOCKS,
             input_group=LLAMA_INPUT_MODULES,
             output_group=LLAMA_OUTPUT_MODULES,
+            embedding_rows_sharded=p.fsdp_sharded_embedding and dims.tp == 1,
         )
     return model
