@@ -14,10 +14,11 @@ Each rank gets torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) and writes stdout and stderr to
 ``LOG_DIR/rank_<r>.log``, then runs the target as ``python -m MODULE`` or ``python SCRIPT.py``
 would (``runpy``; its ``sys.exit`` code is the rank's). Rank 0's log is copied to this process's
-stdout at the end. When a rank fails, the others get a few seconds to end on their own, then
-are stopped (SIGTERM, then SIGKILL), as torchrun does; the exit code is the first failed rank's.
-The parity tests use it; the tests of launching itself (signals, restarts, ``run_train.sh``,
-several nodes) keep torchrun.
+stdout at the end, followed by the line naming a failed rank. When a rank fails, the others get a
+few seconds to end on their own, then are stopped (SIGTERM, then SIGKILL), as torchrun does; the
+exit code is the first failed rank's. The parity tests use it (through ``fork_server.py``, which
+saves even the parent's imports); the tests of launching itself (signals, restarts,
+``run_train.sh``, several nodes) keep torchrun.
 """
 
 from __future__ import annotations
@@ -118,8 +119,9 @@ def stop_all(pids: set[int]) -> None:
             return
 
 
-def wait_for_ranks(ranks: dict[int, int]) -> int:
-    """Wait for every rank; on the first failure stop the rest. -> the job's exit code."""
+def wait_for_ranks(ranks: dict[int, int]) -> tuple[int, str]:
+    """Wait for every rank; on the first failure stop the rest. -> (the job's exit code, the
+    line that names the failed rank, or "")."""
     live = set(ranks)
     while live:
         pid, status = os.waitpid(-1, 0)
@@ -130,11 +132,10 @@ def wait_for_ranks(ranks: dict[int, int]) -> int:
         if code != 0:
             # "(SIGABRT)" as torchrun prints it: launch.py tells a C++ abort by it.
             how = f"({signal.Signals(-code).name})" if code < 0 else f"with exit code {code}"
-            print(f"fork_ranks: rank {ranks[pid]} failed {how}", file=sys.stderr)
             reap(live, LAST_WORDS_SECONDS)
             stop_all(live)
-            return code if code > 0 else 128 - code
-    return 0
+            return (code if code > 0 else 128 - code), f"fork_ranks: rank {ranks[pid]} failed {how}"
+    return 0, ""
 
 
 def main(argv: list[str]) -> int:
@@ -150,8 +151,11 @@ def main(argv: list[str]) -> int:
             run_rank(rank, nproc, port, log_dir / f"rank_{rank}.log", target)
         ranks[pid] = rank
     signal.signal(signal.SIGTERM, lambda *_: (stop_all(set(ranks)), os._exit(143)))
-    code = wait_for_ranks(ranks)
+    code, failure = wait_for_ranks(ranks)
     sys.stdout.write((log_dir / "rank_0.log").read_text(errors="replace"))
+    if failure:  # last, where a truncated failure message still shows it
+        sys.stdout.flush()
+        print(failure, file=sys.stderr)
     return code
 
 

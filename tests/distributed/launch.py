@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.distributed.fork_client import ForkClient, descendants
+
 ROOT = Path(__file__).resolve().parents[2]
 FORK_RANKS = Path(__file__).with_name("fork_ranks.py")
+FORK_CLIENT = ForkClient()
 
 # A tiny, fast job: the debug model, 64-token samples, global batch 8, every step logged.
 TINY_JOB = [
@@ -103,6 +106,30 @@ def run_checked(cmd: list[str], timeout: int, rank_logs: Path | None = None) -> 
     # PYTHONPATH: scripts launched by path import this checkout's torchtitan, not an installed one.
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
+    if forkable(cmd):
+        returncode, out = FORK_CLIENT.run(cmd[1:], env, str(ROOT), timeout)
+    else:
+        returncode, out = run_in_session(cmd, env, timeout)
+    if returncode is None:
+        ranks = rank_log_tails(rank_logs)
+        raise AssertionError(f"timed out after {timeout}s: {cmd}\n{out[-3000:]}{ranks}")
+    if returncode != 0:
+        failure = RankAborted if "(SIGABRT)" in out else AssertionError
+        ranks = rank_log_tails(rank_logs)
+        raise failure(f"failed (rc={returncode}): {cmd}\n{out[-5000:]}{ranks}")
+    return out
+
+
+def forkable(cmd: list[str]) -> bool:
+    """Python runs of a module or script (not torchrun, not a shell script) go to the fork
+    server (``fork_server.py``: forked from a process that imported the trainer once) unless it
+    is busy with another run of this test process."""
+    python_target = len(cmd) > 1 and (cmd[1] == "-m" or cmd[1].endswith(".py"))
+    return cmd[0] == sys.executable and python_target and not FORK_CLIENT.busy
+
+
+def run_in_session(cmd: list[str], env: dict, timeout: int) -> tuple[int | None, str]:
+    """Run ``cmd`` in its own session; -> (exit code, or None after a timeout; its output)."""
     proc = subprocess.Popen(
         cmd,
         cwd=ROOT,
@@ -117,13 +144,8 @@ def run_checked(cmd: list[str], timeout: int, rank_logs: Path | None = None) -> 
     except subprocess.TimeoutExpired:
         kill_tree(proc)
         out, _ = proc.communicate()
-        ranks = rank_log_tails(rank_logs)
-        raise AssertionError(f"timed out after {timeout}s: {cmd}\n{out[-3000:]}{ranks}") from None
-    if proc.returncode != 0:
-        failure = RankAborted if "(SIGABRT)" in out else AssertionError
-        ranks = rank_log_tails(rank_logs)
-        raise failure(f"failed (rc={proc.returncode}): {cmd}\n{out[-5000:]}{ranks}")
-    return out
+        return None, out
+    return proc.returncode, out
 
 
 def hang_report(traces: Path) -> list[str]:
@@ -163,23 +185,6 @@ def start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subpr
         )
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (Linux /proc); [] where /proc is unavailable."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return found
-
-
 def kill_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
     """Stop ``proc``'s process group and everything below it.
 
@@ -189,7 +194,7 @@ def kill_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
     """
     if proc.poll() is not None:
         return
-    tree = _descendants(proc.pid)
+    tree = descendants(proc.pid)
     try:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=grace)

@@ -1,9 +1,10 @@
 """The launch helpers tell a rank's C++ abort (the only failure tests/distributed reruns) from
-any other failure, a failed trainer launch shows every rank's last words, and a rank that dies
-stops the others."""
+any other failure, a failed trainer launch shows every rank's last words, a rank that dies
+stops the others, and a run past its timeout is killed with every process it started."""
 
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,38 @@ def launch_ending(tmp_path, ending: str) -> None:
     script = tmp_path / "ending.py"
     script.write_text(ENDING)
     run_ranks(2, [str(script), ending], timeout=120)
+
+
+# Each rank writes its pid and sleeps, in a session of its own on rank 1 (as torchrun's workers).
+SLEEPER = """
+import os, sys, time
+if os.environ["RANK"] == "1":
+    os.setsid()
+open(os.path.join(sys.argv[1], os.environ["RANK"]), "w").write(str(os.getpid()))
+time.sleep(600)
+"""
+
+
+def test_a_run_past_its_timeout_is_killed_with_its_ranks(tmp_path):
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER)
+    start = time.monotonic()
+    with pytest.raises(AssertionError, match="timed out after 10s"):
+        run_ranks(2, [str(script), str(tmp_path)], timeout=10)
+    assert time.monotonic() - start < 30
+    time.sleep(0.5)
+    for rank in ("0", "1"):
+        pid = int((tmp_path / rank).read_text())
+        assert not running(pid), f"rank {rank} (pid {pid}) outlived the timeout"
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (a killed rank whose parent was killed too waits for init)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
 
 
 def test_a_rank_that_aborts_raises_rank_aborted(tmp_path):

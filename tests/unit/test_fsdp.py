@@ -1,14 +1,17 @@
-"""FSDP2 wiring (torchtitan/parallel/fsdp.py) under bf16 mixed precision, on a one-rank gloo mesh:
-what each sharded block receives."""
+"""FSDP2 wiring (torchtitan/parallel/fsdp.py) on a one-rank gloo mesh: what each sharded block
+receives under bf16 mixed precision, and which embeddings are row-sharded."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
 
 from torchtitan.models.llama3 import ModelArgs, Transformer
-from torchtitan.parallel.fsdp import apply_fsdp
+from torchtitan.parallel.fsdp import apply_fsdp, shard_embedding_rows
+from torchtitan.parallel.sharded_embedding import RowShardedEmbedding
 
 
 def test_blocks_get_bf16_activations_and_the_float32_rope_cache(tmp_path):
@@ -27,5 +30,27 @@ def test_blocks_get_bf16_activations_and_the_float32_rope_cache(tmp_path):
             )
         model(torch.randint(args.vocab_size, (2, 16))).float().sum().backward()
         assert seen == [[torch.bfloat16, torch.float32]] * args.n_layers
+    finally:
+        dist.destroy_process_group()
+
+
+def test_only_plain_embeddings_that_tp_left_whole_are_row_sharded(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        model = nn.Module()
+        model.plain = nn.Embedding(10, 4)
+        model.padded = nn.Embedding(10, 4, padding_idx=0)
+        model.tp_sharded = nn.Embedding(10, 4)
+        model.tp_sharded.weight = nn.Parameter(
+            distribute_tensor(torch.randn(10, 4), mesh, [Shard(0)])
+        )
+        names = ("plain", "padded", "tp_sharded", "absent")
+        ignored = shard_embedding_rows(model, names, mesh, torch.float32, torch.float32)
+        assert isinstance(model.plain, RowShardedEmbedding)
+        assert ignored == {model.plain.weight}
+        assert type(model.padded) is nn.Embedding and type(model.tp_sharded) is nn.Embedding
+        ids = torch.tensor([[1, 9, 3]])
+        assert torch.equal(model.plain(ids), model.plain.weight.full_tensor()[ids])
     finally:
         dist.destroy_process_group()

@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from torchtitan.parallel.blocks import block_items
 from torchtitan.parallel.sharded_embedding import RowShardedEmbedding, plain_lookup
@@ -35,12 +36,15 @@ def shard_embedding_rows(
     out_dtype: torch.dtype,
     grad_dtype: torch.dtype,
 ) -> set[nn.Parameter]:
-    """Replace each plain ``nn.Embedding`` among ``names`` with a :class:`RowShardedEmbedding`
-    on ``mesh`` (others stay FSDP's); returns their weights, which FSDP must then leave alone."""
+    """Replace each plain ``nn.Embedding`` among ``names`` whose weight TP has not sharded with
+    a :class:`RowShardedEmbedding` on ``mesh`` (others stay FSDP's); returns their weights, which
+    FSDP must then leave alone."""
     weights = set()
     for name in names:
         module = _present(model, [name])
         if not module or not isinstance(module[0], nn.Embedding) or not plain_lookup(module[0]):
+            continue
+        if isinstance(module[0].weight, DTensor):  # already sharded by TP
             continue
         sharded = RowShardedEmbedding(module[0], mesh, out_dtype, grad_dtype)
         parent, _, attr = name.rpartition(".")
@@ -78,8 +82,8 @@ def apply_fsdp(
     reduce-scattered right after its backward, which overlaps communication with compute.
 
     ``embedding_rows_sharded``: the input group's embeddings are not all-gathered but looked up
-    where their rows live (:mod:`torchtitan.parallel.sharded_embedding`); only with a shard group
-    of more than one rank and no tensor parallelism on the embedding.
+    where their rows live (:mod:`torchtitan.parallel.sharded_embedding`), with a shard group of
+    more than one rank; embeddings TP has sharded stay FSDP's.
     """
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     # The blocks and the head get activations already in param_dtype (from the embeddings or the
