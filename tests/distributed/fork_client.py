@@ -7,6 +7,7 @@ import atexit
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -21,11 +22,13 @@ START_SECONDS = 120
 
 class ForkClient:
     def __init__(self):
-        self.path = os.path.join(tempfile.mkdtemp(prefix="fork-server-"), "socket")
+        self.folder = self.path = None
         self.proc = None
         self.busy = False
 
     def start(self, env: dict) -> None:
+        self.folder = tempfile.mkdtemp(prefix="fork-server-")
+        self.path = os.path.join(self.folder, "socket")
         # Output to /dev/null: an orphaned server must not hold the test runner's output open.
         self.proc = subprocess.Popen(
             [sys.executable, str(SERVER), self.path],
@@ -45,6 +48,8 @@ class ForkClient:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
     def run(self, args: list[str], env: dict, cwd: str, timeout: float) -> tuple[int | None, str]:
         """Run ``python ARGS``; -> (its exit code, or None after a timeout; its output). On a
