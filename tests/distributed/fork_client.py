@@ -120,7 +120,12 @@ def descendants(pid: int) -> list[int]:
 def kill_tree(pid: int) -> None:
     """SIGKILL ``pid``'s process group and every descendant's (a run's own children may have
     started sessions of their own)."""
-    for each in [pid, *descendants(pid)]:
+    sigkill_groups([pid, *descendants(pid)])
+
+
+def sigkill_groups(pids: list[int]) -> None:
+    """SIGKILL each pid's process group, or the process alone where it leads none."""
+    for each in pids:
         try:
             os.killpg(each, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):

@@ -29,7 +29,10 @@ import signal
 import socket
 import sys
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import torchtitan.train  # noqa: F401  (the expensive imports, done once before the forks)
 
@@ -56,10 +59,10 @@ def run_target(target: list[str]) -> None:
         runpy.run_path(target[0], run_name="__main__")
 
 
-def run_rank(rank: int, nproc: int, port: int, log: Path, target: list[str]) -> None:
+def run_rank(rank: int, nproc: int, port: int, log: Path, target: list[str]) -> NoReturn:
     """In the forked child: become rank ``rank`` and run the target; never returns."""
-    code = 1
-    try:
+
+    def become_rank() -> None:
         os.environ.update(
             RANK=str(rank),
             LOCAL_RANK=str(rank),
@@ -75,21 +78,28 @@ def run_rank(rank: int, nproc: int, port: int, log: Path, target: list[str]) -> 
         os.close(fd)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         run_target(target)
-        code = 0
+
+    run_then_exit(become_rank)
+
+
+def run_then_exit(work: Callable[[], int | None]) -> NoReturn:
+    """In a forked child: run ``work`` and end the process with the exit code the interpreter
+    would give a program doing the same (its return value, ``sys.exit``'s code, 1 after an
+    uncaught exception, printed); never returns into the parent's code."""
+    code = 1
+    try:
+        code = work() or 0
     except SystemExit as stop:  # as the interpreter treats it: None is 0, a message is 1
         if isinstance(stop.code, int) or stop.code is None:
             code = stop.code or 0
         else:
             print(stop.code, file=sys.stderr)
-            code = 1
     except BaseException:
-        import traceback
-
         traceback.print_exc()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(code or 0)
+        os._exit(code)
 
 
 def reap(pids: set[int], seconds: float) -> None:

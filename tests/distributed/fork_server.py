@@ -28,7 +28,8 @@ REQUEST_BYTES = 1 << 20
 
 
 def become(request: dict, out_fd: int) -> int:
-    """In the forked child: take the request's environment, directory and output, run it."""
+    """In the forked child: take the request's environment, directory and output, run it;
+    -> its exit code."""
     os.setsid()
     os.dup2(out_fd, 1)
     os.dup2(out_fd, 2)
@@ -39,13 +40,7 @@ def become(request: dict, out_fd: int) -> int:
     args = request["args"]
     if Path(args[0]).resolve() == Path(fork_ranks.__file__).resolve():
         return fork_ranks.main(args[1:])
-    try:
-        fork_ranks.run_target(args)
-    except SystemExit as stop:
-        if isinstance(stop.code, int) or stop.code is None:
-            return stop.code or 0
-        print(stop.code, file=sys.stderr)
-        return 1
+    fork_ranks.run_target(args)  # its sys.exit is the run's exit code (run_then_exit)
     return 0
 
 
@@ -54,19 +49,9 @@ def serve_one(conn: socket.socket, server: socket.socket) -> None:
     request = json.loads(message)
     pid = os.fork()
     if pid == 0:
-        code = 1
-        try:
-            conn.close()
-            server.close()
-            code = become(request, fds[0])
-        except BaseException:
-            import traceback
-
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code or 0)
+        conn.close()
+        server.close()
+        fork_ranks.run_then_exit(lambda: become(request, fds[0]))
     os.close(fds[0])
     try:
         conn.sendall(f"{pid}\n".encode())

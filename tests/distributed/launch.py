@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed.fork_client import ForkClient, descendants
+from tests.distributed.fork_client import ForkClient, descendants, sigkill_groups
 
 ROOT = Path(__file__).resolve().parents[2]
 FORK_RANKS = Path(__file__).with_name("fork_ranks.py")
@@ -200,14 +200,7 @@ def kill_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
         proc.wait(timeout=grace)
     except (ProcessLookupError, subprocess.TimeoutExpired):
         pass
-    for pid in [proc.pid, *tree]:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+    sigkill_groups([proc.pid, *tree])
     proc.wait()
 
 
