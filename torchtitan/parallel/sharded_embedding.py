@@ -29,6 +29,8 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
+from torchtitan.parallel.vocab_parallel import first_owned_row
+
 # torch 2.13 renamed these (the old names warn); torch 2.11 has only the old names.
 _all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
 _reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
@@ -82,13 +84,6 @@ def plain_lookup(embedding: nn.Embedding) -> bool:
     scaling or sparse gradient), the only kind :class:`RowShardedEmbedding` replaces."""
     e = embedding
     return e.padding_idx is None and e.max_norm is None and not (e.scale_grad_by_freq or e.sparse)
-
-
-def first_owned_row(num_rows: int, group_size: int, group_rank: int) -> int:
-    """The first row of ``group_rank``'s ``Shard(0)`` slice (torch.chunk's split: ceil-sized
-    chunks, the last ones shorter or empty)."""
-    chunk = -(-num_rows // group_size)
-    return min(num_rows, group_rank * chunk)
 
 
 class RowShardedEmbedding(nn.Module):

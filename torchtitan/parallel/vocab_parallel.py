@@ -65,7 +65,12 @@ def vocab_sharded_operands(
     if not isinstance(h, DTensor):
         h = DTensor.from_local(h, mesh, [Replicate()])
     whole = h.redistribute(mesh, [Replicate()]).to_local(grad_placements=[Partial()])
-    vocab, tp = weight.shape[0], mesh.size()
-    rows_per_rank = -(-vocab // tp)  # torch.chunk's split, which Shard(0) follows
-    start = min(mesh.get_local_rank() * rows_per_rank, vocab)
+    start = first_owned_row(weight.shape[0], mesh.size(), mesh.get_local_rank())
     return whole, weight.to_local(), VocabShard(start, mesh.get_group())
+
+
+def first_owned_row(num_rows: int, group_size: int, group_rank: int) -> int:
+    """The first row of ``group_rank``'s ``Shard(0)`` slice (torch.chunk's split: ceil-sized
+    chunks, the last ones shorter or empty)."""
+    chunk = -(-num_rows // group_size)
+    return min(num_rows, group_rank * chunk)
