@@ -155,6 +155,7 @@ class Workload:
     compile_loss: bool = False  # with compile: the loss is compiled too
     loss_parallel: bool = True  # with TP: the loss works on vocab-sharded logits
     reshard_policy: str = "default"  # parallelism.fsdp_reshard_after_forward
+    sharded_embedding: bool = True  # parallelism.fsdp_sharded_embedding
     loss_chunk_tokens: int = 0  # training.loss_chunk_tokens: the fused, chunked head + loss
     float8: Float8Setting | None = None  # [float8] with enable; None: bf16 linears
 
@@ -173,6 +174,7 @@ class Workload:
             compile_loss=cfg.compile.loss,
             loss_parallel=not p.disable_loss_parallel,
             reshard_policy=p.fsdp_reshard_after_forward,
+            sharded_embedding=p.fsdp_sharded_embedding,
             loss_chunk_tokens=t.loss_chunk_tokens,
             float8=Float8Setting.from_config(cfg.float8),
         )
@@ -191,6 +193,12 @@ class Workload:
         if self.float8 is None or not self.float8.gathers_float8(layout.fsdp_degree):
             return frozenset()
         return self.float8_linears
+
+    def embedding_rows_sharded(self, layout: Layout) -> bool:
+        """Whether the trainer looks the embedding up where its rows live under ``layout`` (no
+        all-gather of the table, no reduce-scatter of its gradient): the flag, without TP, with
+        FSDP sharding over more than one rank (parallel/llama.py, apply_fsdp)."""
+        return self.sharded_embedding and layout.tp == 1 and layout.fsdp_degree > 1
 
     def with_(self, **changes) -> Workload:
         return dataclasses.replace(self, **changes)

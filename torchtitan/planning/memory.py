@@ -99,7 +99,7 @@ def _rank_memory(work: Workload, layout: Layout, stages: RankStages) -> MemoryEs
     shard = layout.fsdp_degree if layout.data_parallel else 1
     parts["weights (fp32)"] = 4 * params / shard
     parts["optimizer state"] = cal.OPTIMIZER_BYTES_PER_PARAM * params / shard
-    parts["gradients"] = _carried_gradients(work, layout, params, shard)
+    parts["gradients"] = _carried_gradients(work, layout, stages, shard)
     parts["bf16 weight copies"] = _working_weights(work, layout, stages)
     parts["communication buffers"] = _comm_buffers(work, layout, stages)
     parts["activations"] = _activations(work, layout, stages)
@@ -110,12 +110,18 @@ def _rank_memory(work: Workload, layout: Layout, stages: RankStages) -> MemoryEs
     return MemoryEstimate(parts, stages.pp_rank)
 
 
-def _carried_gradients(work: Workload, layout: Layout, params: float, shard: int) -> float:
+def _carried_gradients(work: Workload, layout: Layout, stages: RankStages, shard: int) -> float:
     """Gradients alive at the peak: PP accumulates unsharded gradients (in the reduce dtype)
-    over its microbatches; gradient accumulation keeps the sharded ones of earlier micro-steps."""
+    over its microbatches, except the row-sharded embedding's, which stay sharded in fp32;
+    gradient accumulation keeps the sharded ones of earlier micro-steps."""
+    params = rank_params(work.shape, layout.tp, stages)
     grad_bytes = 4 if work.reduce_fp32 or not layout.data_parallel else 2
     if layout.pp > 1 and layout.data_parallel:
-        return grad_bytes * params
+        carried = grad_bytes * params
+        if stages.embedding and work.embedding_rows_sharded(layout):
+            embedding = param_counts(work.shape, layout.tp).embedding
+            carried -= grad_bytes * embedding - 4 * embedding / shard
+        return carried
     if work.accum_steps(layout) > 1 or layout.pp > 1:
         return 4 * params / shard
     return 0.0
@@ -123,14 +129,15 @@ def _carried_gradients(work: Workload, layout: Layout, params: float, shard: int
 
 def unit_gather_bytes(work: Workload, layout: Layout) -> tuple[float, float, float]:
     """Bytes FSDP all-gathers for one block, the embedding and the head group: bf16 weights,
-    but 1 byte for the float8 linears' weights under fsdp_float8_all_gather."""
+    but 1 byte for the float8 linears' weights under fsdp_float8_all_gather, and nothing for
+    an embedding looked up where its rows live."""
     counts = param_counts(work.shape, layout.tp)
     in_float8 = work.float8_gathered(layout)
     block_float8 = sum(n for name, n in work.shape.linears.items() if name in in_float8)
     head_float8 = work.shape.vocab * work.shape.dim if HEAD in in_float8 else 0
     return (
         2 * counts.block - block_float8 / layout.tp,
-        2 * counts.embedding,
+        0.0 if work.embedding_rows_sharded(layout) else 2 * counts.embedding,
         2 * counts.head - head_float8 / layout.tp,
     )
 
@@ -166,15 +173,16 @@ def _working_weights(work: Workload, layout: Layout, stages: RankStages) -> floa
 def _comm_buffers(work: Workload, layout: Layout, stages: RankStages) -> float:
     """FSDP's all-gather and reduce-scatter run on their own CUDA streams; the caching allocator
     keeps what they free for those streams, about two of the largest groups each (gathered
-    weights, gradients in the reduce dtype). PP adds its send/receive buffers per in-flight
-    chunk."""
+    weights, gradients in the reduce dtype); a row-sharded embedding is not one of them. PP adds
+    its send/receive buffers per in-flight chunk."""
     total = 0.0
     if layout.data_parallel and work.bf16:
         counts = param_counts(work.shape, layout.tp)
         gathered = unit_gather_bytes(work, layout)
         grad_bytes = 4 if work.reduce_fp32 else 2
         units = zip(gathered, (counts.block, counts.embedding, counts.head))
-        held = (True, stages.embedding, stages.head)
+        gathered_embedding = stages.embedding and not work.embedding_rows_sharded(layout)
+        held = (True, gathered_embedding, stages.head)
         largest = max(g + grad_bytes * n for (g, n), on in zip(units, held) if on)
         total += cal.FSDP_STREAM_GROUPS * largest
     if layout.pp > 1:

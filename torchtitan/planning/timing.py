@@ -126,16 +126,24 @@ def _fsdp_seconds(work: Workload, layout: Layout, hw: Hardware, stages: RankStag
         else work.accum_steps(layout) * (1 if work.reshard_policy == "never" else 2)
     )
     reduces = 1 if layout.pp > 1 else work.accum_steps(layout)
+    counts = param_counts(work.shape, layout.tp)
+    lookup = stages.embedding and work.embedding_rows_sharded(layout)
+    reduced = params - (counts.embedding if lookup else 0)
     gather = _ring_seconds(rank_gather_bytes(work, layout, stages), n, shard_bw)
-    reduce = _ring_seconds(grad_bytes * params, n, shard_bw)
+    reduce = _ring_seconds(grad_bytes * reduced, n, shard_bw)
     total = gathers * gather + reduces * reduce
     r = layout.dp_replicate
     if r > 1:
         rep_bw = hw.link_gbps(r, layout.dp_shard * layout.cp * layout.tp)
         total += 2 * _ring_seconds(grad_bytes * params / n, r, rep_bw)
-    counts = param_counts(work.shape, layout.tp)
-    largest = max(counts.embedding, counts.block) / max(params, 1)
-    return total, largest * (gather + reduce)
+    # The step's first all-gather and last reduce-scatter have nothing to hide behind.
+    largest = max(0 if lookup else counts.embedding, counts.block) / max(reduced, 1)
+    edges = largest * (gather + reduce)
+    if lookup:  # its output reduce-scatter and gradient all-gather, per microbatch, exposed
+        tokens = layout.microbatch_size * work.seq_len / layout.cp
+        lookups = layout.n_microbatches * work.accum_steps(layout)
+        edges += 2 * lookups * _ring_seconds(n * tokens * work.shape.dim * 2, n, shard_bw)
+    return total, edges
 
 
 def _tp_cp_pp_seconds(work: Workload, layout: Layout, hw: Hardware, stages: RankStages) -> float:
