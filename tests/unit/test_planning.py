@@ -124,6 +124,9 @@ def test_a_row_sharded_embedding_is_neither_gathered_nor_carried_unsharded():
     # The largest group FSDP's streams keep is now a block (or the head, on the last stage).
     assert parts["communication buffers"] < before["communication buffers"]
     assert estimate_memory(work, pp).total < estimate_memory(gathered, pp).total
+    stage1 = rank_stages(work.model.n_layers, pp)[1]
+    assert not stage1.embedding
+    assert _rank_memory(work, pp, stage1).total == _rank_memory(gathered, pp, stage1).total
     tp = Layout(dp_shard=2, tp=2, ac_mode="selective")
     assert not work.embedding_rows_sharded(tp)
     assert estimate_memory(work, tp).total == estimate_memory(gathered, tp).total
