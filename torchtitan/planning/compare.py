@@ -68,7 +68,7 @@ def _old_code_bytes(point: dict, work: Workload, layout: Layout) -> float:
     extra = point.get("extra_kib_per_token_block", 0) * 1024
     if extra:
         stages = rank_stages(work.model.n_layers, layout)[0]
-        tokens = layout.microbatch_size * work.seq_len / layout.cp
+        tokens = work.microbatch_tokens(layout)
         chunks = inflight_chunks(layout, 0, stages.n_stages)
         total += extra * tokens * stages.n_blocks * chunks
     return total * (1 + cal.ALLOCATOR_FRAGMENTATION)

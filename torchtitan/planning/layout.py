@@ -194,6 +194,10 @@ class Workload:
             return frozenset()
         return self.float8_linears
 
+    def microbatch_tokens(self, layout: Layout) -> float:
+        """Tokens one GPU processes per microbatch (its CP share of the sequence)."""
+        return layout.microbatch_size * self.seq_len / layout.cp
+
     def embedding_rows_sharded(self, layout: Layout) -> bool:
         """Whether the trainer looks the embedding up where its rows live under ``layout`` (no
         all-gather of the table, no reduce-scatter of its gradient): the flag, without TP, with

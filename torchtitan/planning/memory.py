@@ -186,7 +186,7 @@ def _comm_buffers(work: Workload, layout: Layout, stages: RankStages) -> float:
         largest = max(g + grad_bytes * n for (g, n), on in zip(units, held) if on)
         total += cal.FSDP_STREAM_GROUPS * largest
     if layout.pp > 1:
-        tokens = layout.microbatch_size * work.seq_len / layout.cp
+        tokens = work.microbatch_tokens(layout)
         total += 2 * 2 * tokens * work.shape.dim / layout.tp * stages.n_stages
     return total
 
@@ -228,7 +228,7 @@ def _stage_bytes(work: Workload, layout: Layout, n_blocks: int, tokens: float) -
 
 
 def _activations(work: Workload, layout: Layout, stages: RankStages) -> float:
-    tokens = layout.microbatch_size * work.seq_len / layout.cp
+    tokens = work.microbatch_tokens(layout)
     chunks = inflight_chunks(layout, stages.pp_rank, stages.n_stages)
     per_stage = [_stage_bytes(work, layout, n, tokens) for n in stages.layers]
     # Held chunks spread over the rank's stages; weight them by the stages' mean.
@@ -238,7 +238,7 @@ def _activations(work: Workload, layout: Layout, stages: RankStages) -> float:
 def _loss_or_recompute(work: Workload, layout: Layout, stages: RankStages) -> tuple[str, float]:
     """The larger transient on top of the held activations: the loss (last stage) or one
     checkpointed block's recompute."""
-    tokens = layout.microbatch_size * work.seq_len / layout.cp
+    tokens = work.microbatch_tokens(layout)
     kind, _ = _checkpointed_blocks(layout, max(stages.layers))
     recompute = recompute_bytes_per_token(work.shape, kind, **_block_kwargs(work, layout)) * tokens
     if not stages.head:

@@ -140,7 +140,7 @@ def _fsdp_seconds(work: Workload, layout: Layout, hw: Hardware, stages: RankStag
     largest = max(0 if lookup else counts.embedding, counts.block) / max(reduced, 1)
     edges = largest * (gather + reduce)
     if lookup:  # its output reduce-scatter and gradient all-gather, per microbatch, exposed
-        tokens = layout.microbatch_size * work.seq_len / layout.cp
+        tokens = work.microbatch_tokens(layout)
         lookups = layout.n_microbatches * work.accum_steps(layout)
         edges += 2 * lookups * _ring_seconds(n * tokens * work.shape.dim * 2, n, shard_bw)
     return total, edges
@@ -149,7 +149,7 @@ def _fsdp_seconds(work: Workload, layout: Layout, hw: Hardware, stages: RankStag
 def _tp_cp_pp_seconds(work: Workload, layout: Layout, hw: Hardware, stages: RankStages) -> float:
     """Exposed seconds of TP collectives, CP ring exchange and PP sends per step."""
     model = work.shape
-    micro_tokens = layout.microbatch_size * work.seq_len / layout.cp
+    micro_tokens = work.microbatch_tokens(layout)
     n_micro = layout.n_microbatches * work.accum_steps(layout)
     seconds = 0.0
     if layout.tp > 1:
