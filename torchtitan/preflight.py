@@ -24,6 +24,7 @@ from torchtitan.models.llama3 import ModelArgs, model_args_for_job
 from torchtitan.models.llama3.hf import inspect_hf_checkpoint
 from torchtitan.optim import check_optimizer
 from torchtitan.parallel.context_parallel import check_cp
+from torchtitan.parallel.copy_engine_all_gather import copy_engine_problem, local_gpus
 from torchtitan.parallel.dims import ParallelDims
 from torchtitan.parallel.float8 import check_float8
 from torchtitan.parallel.pipeline import (
@@ -70,6 +71,10 @@ def check_parallelism(cfg: JobConfig, model_args: ModelArgs, world_size: int) ->
         )
         if reason:
             raise ConfigError(f"{reason}; choose another --parallelism.tensor_parallel_degree")
+    if cfg.parallelism.fsdp_all_gather == "copy_engines":
+        reason = copy_engine_problem(dims.fsdp_degree, dims.tp, local_gpus(), dims.pp)
+        if reason:
+            raise ConfigError(reason)
     if cfg.parallelism.enable_async_tensor_parallel:
         if dims.tp == 1 or not cfg.compile.enable or not torch.cuda.is_available():
             raise ConfigError(

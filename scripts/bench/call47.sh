@@ -2,9 +2,10 @@
 # Call 47 (4 GPUs): FSDP's all-gathers on the copy engines. scripts/bench/comm_overlap.py (one 8B
 # block's all-gather and reduce-scatter beside its w1 matmul) under NCCL's CTA policies, with and
 # without symmetric-memory buffers; then 8B FSDP4 bf16 selective AC: ours as is, ours with
-# --parallelism.fsdp_all_gather copy_engines, the reference. That option was a trial on top of
-# 177deeb, not kept (docs/performance.md, finding 21), and comm_overlap.py hung in this call on
-# an iteration count the ranks computed apart (fixed for call 48).
+# --parallelism.fsdp_all_gather copy_engines, the reference. That option was then a trial on top
+# of 177deeb (NCCL's zero-CTA policy + FSDP2's set_symm_mem_for_comm), not kept; the option of
+# that name now is torchtitan's own copy-engine all-gather (call 49). comm_overlap.py hung in
+# this call on an iteration count the ranks computed apart (fixed for call 48).
 source scripts/bench/lib.sh
 card
 python3 -c "import torch; from torch.distributed.fsdp import FSDPModule as M; print(torch.__version__, 'nccl', torch.cuda.nccl.version(), 'set_symm_mem_for_comm', hasattr(M, 'set_symm_mem_for_comm'))"

@@ -1,8 +1,9 @@
 """How much an FSDP collective slows the matmul it overlaps, by NCCL setting.
 
 Run under torchrun on one host; NCCL reads NCCL_MAX_CTAS, NCCL_CTA_POLICY etc. from the
-environment, and SYMM=ag,rs puts the all-gather's / reduce-scatter's buffers in NCCL symmetric
-memory (as FSDP2's ``set_symm_mem_for_comm`` does), e.g.
+environment, SYMM=ag,rs puts the all-gather's / reduce-scatter's buffers in NCCL symmetric
+memory (as FSDP2's ``set_symm_mem_for_comm`` does), and CE=1 all-gathers with torchtitan's
+copy-engine all-gather (run from the repository root with it on PYTHONPATH), e.g.
     NCCL_CTA_POLICY=2 SYMM=ag torchrun --nproc_per_node 4 scripts/bench/comm_overlap.py
 Shapes are those of one Llama 3 8B block under FSDP4 at 8,192 tokens: the bf16 all-gather of a
 block's weights, the fp32 reduce-scatter of its gradients, and the w1 matmul. Rank 0 prints the
@@ -70,12 +71,20 @@ def main():
         ag_in = ag_out[rank * shard : (rank + 1) * shard]
     else:
         ag_in = buffer(shard, torch.bfloat16, device, "ag" in symmetric)
+    gather = lambda: dist.all_gather_into_tensor(ag_out, ag_in)  # noqa: E731
+    if os.environ.get("CE") == "1":  # torchtitan's copy-engine all-gather, as FSDP calls it
+        from torchtitan.parallel.copy_engine_all_gather import CopyEngineAllGather
+
+        comm = CopyEngineAllGather(dist.group.WORLD)
+        ag_out = comm.allocate((shard * world,), dtype=torch.bfloat16, device=device)
+        ag_in = ag_out[rank * shard : (rank + 1) * shard]
+        gather = lambda: comm(ag_out, ag_in, dist.group.WORLD)  # noqa: E731
     rs_in = buffer(shard * world, torch.float32, device, "rs" in symmetric)
     rs_out = buffer(shard, torch.float32, device, "rs" in symmetric)
     x = torch.randn(TOKENS, DIM, device=device, dtype=torch.bfloat16)
     w = torch.randn(DIM, HIDDEN, device=device, dtype=torch.bfloat16)
     collectives = {
-        "all-gather": (lambda: dist.all_gather_into_tensor(ag_out, ag_in), ag_out.nbytes),
+        "all-gather": (gather, ag_out.nbytes),
         "reduce-scatter": (lambda: dist.reduce_scatter_tensor(rs_out, rs_in), rs_in.nbytes),
     }
 
@@ -106,7 +115,7 @@ def main():
     if rank == 0:
         setting = " ".join(
             f"{key}={os.environ[key]}"
-            for key in ("NCCL_MAX_CTAS", "NCCL_CTA_POLICY", "SYMM", "INPLACE")
+            for key in ("NCCL_MAX_CTAS", "NCCL_CTA_POLICY", "SYMM", "INPLACE", "CE")
             if os.environ.get(key)
         )
         print(f"[{setting or 'defaults'}] " + "; ".join(line), flush=True)

@@ -13,6 +13,7 @@ from torchtitan.config.base import (
     ExcludableState,
     ExportDtype,
     Float8Recipe,
+    FsdpAllGather,
     MixedPrecisionDtype,
     ModelName,
     NonFinitePolicy,
@@ -209,6 +210,11 @@ class Parallelism(Section):
         True,
         "FSDP/HSDP without TP: look the embedding up where its vocabulary rows live instead of"
         " all-gathering the table",
+    )
+    fsdp_all_gather: FsdpAllGather = opt(
+        "nccl",
+        "how FSDP gathers each block's weights on CUDA: nccl, or copy_engines (peer copies over"
+        " torch symmetric memory within one node), which leaves every SM to the matmuls",
     )
     disable_loss_parallel: bool = opt(False, "with TP: gather the logits instead of loss parallel")
     enable_async_tensor_parallel: bool = opt(

@@ -16,6 +16,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from torchtitan.parallel.blocks import block_items
+from torchtitan.parallel.copy_engine_all_gather import use_copy_engine_all_gather
 from torchtitan.parallel.sharded_embedding import RowShardedEmbedding, plain_lookup
 
 
@@ -72,6 +73,7 @@ def apply_fsdp(
     input_group: Sequence[str] = ("tok_embeddings",),
     output_group: Sequence[str] = ("norm", "output"),
     embedding_rows_sharded: bool = False,
+    copy_engine_all_gather: bool = False,
 ) -> None:
     """Shard ``model`` in place: the input modules (embeddings) as one group, each block, the
     output modules (final norm + head) as one group, then the root, which takes every parameter
@@ -84,6 +86,9 @@ def apply_fsdp(
     ``embedding_rows_sharded``: the input group's embeddings are not all-gathered but looked up
     where their rows live (:mod:`torchtitan.parallel.sharded_embedding`), with a shard group of
     more than one rank; embeddings TP has sharded stay FSDP's.
+
+    ``copy_engine_all_gather``: the blocks are gathered by the GPUs' copy engines
+    (:mod:`torchtitan.parallel.copy_engine_all_gather`), not by NCCL's kernels.
     """
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     # The blocks and the head get activations already in param_dtype (from the embeddings or the
@@ -107,6 +112,8 @@ def apply_fsdp(
     # for Llama 3 8B, seen in a memory snapshot on 4x H200).
     for block in blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=inner)
+    if copy_engine_all_gather and blocks and mesh.size(mesh.ndim - 1) > 1:
+        use_copy_engine_all_gather(blocks, mesh.get_group(mesh.ndim - 1))
     # The head's backward comes right after its forward: keep it gathered.
     outputs = _present(model, output_group)
     if outputs:

@@ -165,5 +165,6 @@ def parallelize_llama(model: nn.Module, dims: ParallelDims, cfg: JobConfig, devi
             input_group=LLAMA_INPUT_MODULES,
             output_group=LLAMA_OUTPUT_MODULES,
             embedding_rows_sharded=p.fsdp_sharded_embedding and dims.tp == 1,
+            copy_engine_all_gather=on_gpu and p.fsdp_all_gather == "copy_engines",
         )
     return model
