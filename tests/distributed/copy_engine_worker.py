@@ -31,7 +31,7 @@ from torchtitan.parallel.copy_engine_all_gather import (
 
 CUDA = sys.argv[1] == "cuda"
 FOLDER = Path(sys.argv[1])
-DIM, HIDDEN = (1024, 3584) if CUDA else (12, 30)  # 30 and 12 rows: FSDP pads them to 32 and 16
+DIM, HIDDEN = (1024, 3584) if CUDA else (12, 30)  # on 4 ranks FSDP pads 30 rows to 32
 
 
 class GroupBarrier:
