@@ -49,7 +49,8 @@ class FileBufferPair:
         rank, world = group.rank(), group.size()
         self.buffers, self.handles, self.peer_views = [], [], []
         for index in range(2):
-            paths = [FOLDER / f"{nbytes}-{index}-{peer}" for peer in range(world)]
+            name = f"{group.group_name}-{nbytes}-{index}"
+            paths = [FOLDER / f"{name}-{peer}" for peer in range(world)]
             self.buffers.append(torch.from_file(str(paths[rank]), True, nbytes, dtype=torch.uint8))
             dist.barrier(group=group)  # every rank's file exists
             self.peer_views.append(
@@ -67,23 +68,22 @@ class Block(nn.Module):
         return x + self.down(torch.relu(self.up(x)))
 
 
-def main() -> None:
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if CUDA else torch.device("cpu")
-    if CUDA:
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if CUDA else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+def one_case(mesh_shape: tuple[int, ...], device: torch.device) -> dict:
+    """Train a model twice from one init, FSDP's all-gather against the copy engines', on a 1-D
+    (FSDP) or 2-D (HSDP: replicate, shard) mesh; the blocks gather over the shard group."""
+    rank = dist.get_rank()
     torch.manual_seed(0)
     plain = nn.Sequential(Block(), Block(), Block()).to(device)
     gathered = copy.deepcopy(plain)
-    mesh = init_device_mesh(device.type, (world,))
+    names = ("shard",) if len(mesh_shape) == 1 else ("replicate", "shard")
+    mesh = init_device_mesh(device.type, mesh_shape, mesh_dim_names=names)
     mp = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if CUDA else MixedPrecisionPolicy()
     for model in (plain, gathered):
         for block in model:
             fully_shard(block, mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=mp)
     make_pair = SymmetricBufferPair if CUDA else FileBufferPair
-    comm = use_copy_engine_all_gather(list(gathered), mesh.get_group(), make_pair)
+    comm = use_copy_engine_all_gather(list(gathered), mesh.get_group("shard"), make_pair)
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (plain, gathered)]
     losses = {0: [], 1: []}
     for step in range(3):
@@ -99,16 +99,28 @@ def main() -> None:
         (a.full_tensor() - b.full_tensor()).abs().max().item()
         for a, b in zip(plain.parameters(), gathered.parameters(), strict=True)
     )
-    if rank == 0:
-        result = {
-            "same_losses": losses[0] == losses[1],
-            "same_weights": deviation == 0.0,
-            "weight_deviation": deviation,
-            "losses": losses[1],
-            "all_gathers": dict(comm.taken),
-            "symmetric_bytes": symmetric_bytes(),
-        }
-        print("CE_RESULT " + json.dumps(result), flush=True)
+    same = torch.tensor([float(losses[0] == losses[1] and deviation == 0.0)], device=device)
+    dist.all_reduce(same, op=dist.ReduceOp.MIN)  # on every rank
+    return {
+        "same": bool(same.item()),
+        "weight_deviation": deviation,
+        "losses": losses[1],
+        "all_gathers": dict(comm.taken),
+    }
+
+
+def main() -> None:
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if CUDA else torch.device("cpu")
+    if CUDA:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if CUDA else "gloo")
+    world = dist.get_world_size()
+    results = {"fsdp": one_case((world,), device)}
+    if world % 2 == 0 and world > 2:
+        results["hsdp"] = one_case((2, world // 2), device)
+    results["symmetric_bytes"] = symmetric_bytes()
+    if dist.get_rank() == 0:
+        print("CE_RESULT " + json.dumps(results), flush=True)
     dist.destroy_process_group()
 
 
