@@ -100,8 +100,10 @@ def apply_fsdp(
         param_dtype=param_dtype, reduce_dtype=reduce_dtype, cast_forward_inputs=False
     )
     reshard = reshard_after_forward(reshard_policy, pipeline_parallel)
+    shard_dim = mesh.ndim - 1  # HSDP: (replicate, shard)
+    sharded = mesh.size(shard_dim) > 1
     ignored = set()
-    if embedding_rows_sharded and mesh.size(mesh.ndim - 1) > 1:
+    if embedding_rows_sharded and sharded:
         ignored = shard_embedding_rows(model, input_group, mesh, param_dtype, reduce_dtype)
     inputs = [m for m in _present(model, input_group) if not isinstance(m, RowShardedEmbedding)]
     if inputs:
@@ -112,8 +114,8 @@ def apply_fsdp(
     # for Llama 3 8B, seen in a memory snapshot on 4x H200).
     for block in blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=inner)
-    if copy_engine_all_gather and blocks and mesh.size(mesh.ndim - 1) > 1:
-        use_copy_engine_all_gather(blocks, mesh.get_group(mesh.ndim - 1))
+    if copy_engine_all_gather and blocks and sharded:
+        use_copy_engine_all_gather(blocks, mesh.get_group(shard_dim))
     # The head's backward comes right after its forward: keep it gathered.
     outputs = _present(model, output_group)
     if outputs:
