@@ -1,15 +1,17 @@
 # `make train` and `make test` set up .venv on first use (CPU torch pinned for a quick install;
-# on a GPU machine use TORCH_SPEC="torch>=2.11" or an existing environment with PYTHON=...).
+# on a GPU machine use TORCH_SPEC="torch>=2.11" EXTRAS=dev, since CUDA torch brings its own
+# Triton, or an existing environment with PYTHON=...).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
+EXTRAS ?= dev,triton-interpreter
 
 .PHONY: train test lint
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 	touch $@
 
 train: $(VENV)/.installed

@@ -26,9 +26,8 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
+from torchtitan.inplace_loss import IGNORE_INDEX, inplace_cross_entropy_sum
 from torchtitan.parallel.vocab_parallel import VocabShard, vocab_sharded_operands
-
-IGNORE_INDEX = -100  # F.cross_entropy's default: label positions that do not count
 
 
 def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -232,6 +231,8 @@ class SummedLoss:
     of the logits, or, with ``chunk_tokens``, of the final hidden states through the parts'
     ``ChunkedLossHead`` (see ``use_chunked_loss_head``).
 
+    ``in_place``: whole logits go through ``inplace_cross_entropy_sum`` (the gradient written
+    over the logits) instead of ``F.cross_entropy`` (compiled with ``compiled``).
     ``autocast``: the context the fused head's matmuls run in (the model's own forward runs the
     head under the trainer's bf16 autocast on one GPU)."""
 
@@ -240,13 +241,17 @@ class SummedLoss:
         model_parts: list[torch.nn.Module],
         chunk_tokens: int = 0,
         compiled: bool = False,
+        in_place: bool = False,
         autocast=contextlib.nullcontext,
     ):
         self.chunk_tokens = chunk_tokens
         self.autocast = autocast
         # Only the part holding the last stage has a head (and computes the loss).
         self.head = next((p.output for p in model_parts if p.output is not None), None)
-        self.logits_loss = torch.compile(cross_entropy_sum) if compiled else cross_entropy_sum
+        if in_place:
+            self.logits_loss = inplace_cross_entropy_sum
+        else:
+            self.logits_loss = torch.compile(cross_entropy_sum) if compiled else cross_entropy_sum
 
     def __call__(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         if not self.chunk_tokens:

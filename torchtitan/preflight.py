@@ -20,6 +20,7 @@ from torchtitan.data.loader import resolve_workers
 from torchtitan.data.sources import resolve_source
 from torchtitan.data.splits import validation_dataset
 from torchtitan.data.tokenizer import Tokenizer, TokenizerError
+from torchtitan.inplace_loss import in_place_problem
 from torchtitan.models.llama3 import ModelArgs, model_args_for_job
 from torchtitan.models.llama3.hf import inspect_hf_checkpoint
 from torchtitan.optim import check_optimizer
@@ -75,6 +76,10 @@ def check_parallelism(cfg: JobConfig, model_args: ModelArgs, world_size: int) ->
         reason = copy_engine_problem(dims.fsdp_degree, dims.tp, local_gpus(), dims.pp)
         if reason:
             raise ConfigError(reason)
+    vocab_sharded = dims.tp > 1 and not cfg.parallelism.disable_loss_parallel
+    reason = in_place_problem(cfg.training.logits_loss, vocab_sharded, torch.cuda.is_available())
+    if reason:
+        raise ConfigError(reason)
     if cfg.parallelism.enable_async_tensor_parallel:
         if dims.tp == 1 or not cfg.compile.enable or not torch.cuda.is_available():
             raise ConfigError(

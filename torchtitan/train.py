@@ -18,6 +18,7 @@ from torchtitan.checkpoint.hf_load import load_hf_weights
 from torchtitan.checkpoint.resume_changes import run_settings
 from torchtitan.config import JobConfig, parse_args
 from torchtitan.data.loader import build_dataloader
+from torchtitan.inplace_loss import in_place_chosen
 from torchtitan.loss import SummedLoss, loss_context
 from torchtitan.metrics import MetricsLogger, StepStats
 from torchtitan.model_build import build_model_parts, per_step_loss, write_seed_checkpoint
@@ -55,6 +56,9 @@ class Trainer:
             self.model_parts,
             chunk_tokens=t.loss_chunk_tokens,
             compiled=cfg.compile.enable and cfg.compile.loss,
+            in_place=in_place_chosen(
+                t.logits_loss, self._vocab_sharded, self.device.type == "cuda"
+            ),
             autocast=self._autocast,
         )
         self.dataloader = self._build_dataloader()
@@ -170,7 +174,11 @@ class Trainer:
 
     def _loss_context(self):
         """Loss parallel: the loss reads logits sharded over the vocabulary across TP ranks."""
-        return loss_context(self.dims.tp > 1 and not self.cfg.parallelism.disable_loss_parallel)
+        return loss_context(self._vocab_sharded)
+
+    @property
+    def _vocab_sharded(self) -> bool:
+        return self.dims.tp > 1 and not self.cfg.parallelism.disable_loss_parallel
 
     def _autocast(self):
         """bf16 autocast on GPU where FSDP's mixed precision does not already cast."""

@@ -49,6 +49,8 @@ LAYOUTS = {
     ),
     "pp2_tp2_1f1b": (4, pp(2, "1F1B") + MB1 + ["--parallelism.tensor_parallel_degree=2"]),
     "pp2_1f1b_chunked_loss": (2, pp(2, "1F1B") + MB1 + ["--training.loss_chunk_tokens=40"]),
+    # The loss that writes the logits' gradient over the logits, on the last stage's microbatches.
+    "pp2_1f1b_in_place_loss": (2, pp(2, "1F1B") + MB1 + ["--training.logits_loss=in_place"]),
     # The last stage's head split over TP ranks by vocabulary rows, with the fused chunked loss.
     "pp2_fsdp2_tp2_interleaved_chunked_loss": (
         8,

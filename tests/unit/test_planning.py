@@ -76,15 +76,18 @@ def test_block_bytes_reproduce_the_gpu_measurement(flavor, measured):
 
 def test_loss_bytes_and_the_chunked_loss():
     model = get_model_args("8B")
-    eager = loss_peak_bytes_per_token(model, compiled_loss=False)
+    eager = loss_peak_bytes_per_token(model, "eager")
     assert eager == 14 * 128256 + 8 * 4096  # bf16 logits + fp32 copy, its softmax, gradients
-    assert loss_peak_bytes_per_token(model, compiled_loss=True) == 4 * 128256 + 8 * 4096
-    assert loss_peak_bytes_per_token(model, False, vocab_shards=2) < eager
+    assert loss_peak_bytes_per_token(model, "compiled") == 4 * 128256 + 8 * 4096
+    # In place: the gradient overwrites the logits, in bf16 and in fp32.
+    assert loss_peak_bytes_per_token(model, "in_place") == 2 * 128256 + 8 * 4096
+    assert loss_peak_bytes_per_token(model, "in_place", bf16=False) == 4 * 128256 + 8 * 4096
+    assert loss_peak_bytes_per_token(model, "eager", vocab_shards=2) < eager
     # Fused head + loss over 8,192 tokens in chunks of 1,024: one chunk's logits and gradient,
     # the fp32 head gradient, and per token the input gradient and the final norm.
     fused = fused_loss_peak_bytes(model, 8192, 1024)
     assert fused == 1024 * 128256 * 8 + 128256 * 4096 * 4 + 8192 * 4096 * (2 + 8)
-    compiled = loss_peak_bytes_per_token(model, compiled_loss=True) * 8192
+    compiled = loss_peak_bytes_per_token(model, "compiled") * 8192
     assert fused < compiled
     assert fused_loss_peak_bytes(model, 100, 1024) < fused  # a chunk never exceeds the tokens
     # Under TP each rank holds half the head's rows: its logits and weight gradient halve.

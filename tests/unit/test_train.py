@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from torchtitan.config import parse_args
+from torchtitan.inplace_loss import inplace_cross_entropy_sum
+from torchtitan.loss import cross_entropy_sum
 from torchtitan.train import Trainer
 
 TINY = [
@@ -105,6 +107,20 @@ def test_chunked_loss_matches_the_logits_loss(tmp_path):
     expected, got = plain.train(), chunked.train()
     plain.close()
     chunked.close()
+    assert got == pytest.approx(expected, rel=1e-5)
+
+
+def test_in_place_loss_matches_the_standard_loss(tmp_path):
+    """--training.logits_loss in_place (the torch path on CPU) trains as F.cross_entropy does."""
+    standard = make_trainer(tmp_path / "standard", "--training.steps=3")
+    in_place = make_trainer(
+        tmp_path / "in_place", "--training.steps=3", "--training.logits_loss=in_place"
+    )
+    assert standard.summed_loss.logits_loss is cross_entropy_sum  # auto on CPU: standard
+    assert in_place.summed_loss.logits_loss is inplace_cross_entropy_sum
+    expected, got = standard.train(), in_place.train()
+    standard.close()
+    in_place.close()
     assert got == pytest.approx(expected, rel=1e-5)
 
 

@@ -34,6 +34,7 @@ PipelineSchedule = Literal[
 ]
 ReshardAfterForward = Literal["default", "always", "never"]
 FsdpAllGather = Literal["nccl", "copy_engines"]
+LogitsLoss = Literal["auto", "in_place", "standard"]
 AsyncMode = Literal["disabled", "async", "async_with_pinned_mem"]
 ExcludableState = Literal["optimizer", "lr_scheduler", "dataloader", "train_state"]
 ExportDtype = Literal["float32", "bfloat16", "float16"]

@@ -14,6 +14,7 @@ from torchtitan.config.base import (
     ExportDtype,
     Float8Recipe,
     FsdpAllGather,
+    LogitsLoss,
     MixedPrecisionDtype,
     ModelName,
     NonFinitePolicy,
@@ -137,12 +138,23 @@ class Training(Section):
         "fuse the output head with the loss, computed this many tokens at a time, so the whole "
         "logits tensor never exists; 0 = off",
     )
+    logits_loss: LogitsLoss = opt(
+        "auto",
+        "the loss of whole logits: in_place = kernels that write the gradient over the logits "
+        "(one logits-sized tensor at the peak instead of two); standard = F.cross_entropy "
+        "(compiled with --compile.loss); auto = in_place on CUDA unless TP shards the vocabulary",
+    )
 
     def validate(self) -> None:
         super().validate()
         _check(
             self.loss_chunk_tokens >= 0,
             f"--training.loss_chunk_tokens must be >= 0 (0 = off); got {self.loss_chunk_tokens}",
+        )
+        _check(
+            not (self.loss_chunk_tokens and self.logits_loss == "in_place"),
+            "--training.logits_loss in_place and --training.loss_chunk_tokens both choose how the "
+            "loss is computed; keep one",
         )
         for key in ("seq_len", "local_batch_size", "steps", "gc_freq"):
             value = getattr(self, key)

@@ -131,7 +131,8 @@ def block_fixed_bytes(
 # Bytes per token per vocabulary entry (measured, bf16 logits held by the trainer):
 # eager loss: bf16 logits 2 + fp32 log-softmax 4 held; backward adds its fp32 gradient, the
 # gradient of the fp32 copy and its cast: peak 14. Compiled loss: logits 2 + bf16 gradient 2.
-LOSS_BYTES_PER_VOCAB = {"eager": (2.0, 12.0), "compiled": (2.0, 2.0)}
+# In place (torchtitan.inplace_loss): the gradient is written over the logits.
+LOSS_BYTES_PER_VOCAB = {"eager": (2.0, 12.0), "compiled": (2.0, 2.0), "in_place": (2.0, 0.0)}
 FINAL_NORM_BYTES_PER_DIM = 8  # eager final RMSNorm (fp32 internals) + the head's bf16 input
 
 
@@ -160,14 +161,15 @@ def fused_loss_peak_bytes(
 
 def loss_peak_bytes_per_token(
     model: ModelArgs | Shapes,
-    compiled_loss: bool,
+    loss_kind: str,
     vocab_shards: int = 1,
     bf16: bool = True,
 ) -> float:
-    """Peak bytes of final norm + head output + loss forward/backward, per token (the
-    unfused loss; ``fused_loss_peak_bytes`` is the chunked one)."""
-    logits, loss_part = LOSS_BYTES_PER_VOCAB["compiled" if compiled_loss else "eager"]
-    if not bf16:
-        logits, loss_part = 4.0, loss_part + 4.0
+    """Peak bytes of final norm + head output + loss forward/backward, per token (the loss of
+    whole logits, ``loss_kind`` in_place, compiled or eager; ``fused_loss_peak_bytes`` is the
+    chunked one)."""
+    logits, loss_part = LOSS_BYTES_PER_VOCAB[loss_kind]
+    if not bf16:  # fp32 logits; in place, their gradient still takes no second tensor
+        logits, loss_part = 4.0, (loss_part + 4.0 if loss_part else 0.0)
     w = shapes(model)
     return w.vocab / vocab_shards * (logits + loss_part) + (FINAL_NORM_BYTES_PER_DIM * w.dim)

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 
 from torchtitan.config import JobConfig
+from torchtitan.inplace_loss import in_place_chosen
 from torchtitan.models.llama3 import ModelArgs, model_args_for_job
 from torchtitan.parallel.dims import DerivedDegrees
 from torchtitan.planning.float8 import Float8Setting, converted_linears
@@ -157,6 +158,7 @@ class Workload:
     reshard_policy: str = "default"  # parallelism.fsdp_reshard_after_forward
     sharded_embedding: bool = True  # parallelism.fsdp_sharded_embedding
     loss_chunk_tokens: int = 0  # training.loss_chunk_tokens: the fused, chunked head + loss
+    logits_loss: str = "auto"  # training.logits_loss (the planner assumes CUDA)
     float8: Float8Setting | None = None  # [float8] with enable; None: bf16 linears
 
     @classmethod
@@ -176,8 +178,16 @@ class Workload:
             reshard_policy=p.fsdp_reshard_after_forward,
             sharded_embedding=p.fsdp_sharded_embedding,
             loss_chunk_tokens=t.loss_chunk_tokens,
+            logits_loss=t.logits_loss,
             float8=Float8Setting.from_config(cfg.float8),
         )
+
+    def loss_kind(self, layout: Layout) -> str:
+        """How the loss reads whole logits under ``layout``: in_place, compiled or eager."""
+        vocab_sharded = layout.tp > 1 and self.loss_parallel
+        if in_place_chosen(self.logits_loss, vocab_sharded, cuda=True):
+            return "in_place"
+        return "compiled" if self.compile and self.compile_loss else "eager"
 
     @functools.cached_property
     def shape(self) -> Shapes:

@@ -246,7 +246,7 @@ def _loss_or_recompute(work: Workload, layout: Layout, stages: RankStages) -> tu
     if work.loss_chunk_tokens:
         loss = fused_loss_peak_bytes(work.shape, tokens, work.loss_chunk_tokens, layout.tp)
     else:
-        compiled_loss = work.compile and work.compile_loss
         shards = layout.tp if work.loss_parallel else 1
-        loss = loss_peak_bytes_per_token(work.shape, compiled_loss, shards, work.bf16) * tokens
+        kind = work.loss_kind(layout)
+        loss = loss_peak_bytes_per_token(work.shape, kind, shards, work.bf16) * tokens
     return ("logits + loss", loss) if loss >= recompute else ("block recompute", recompute)

@@ -96,7 +96,7 @@ def _compute_seconds(work: Workload, layout: Layout, hw: Hardware, stages: RankS
         head_flops = tokens * 6 * model.vocab * model.dim / layout.tp
         head_speed = cal.MATMUL_EFFICIENCY * peak * _float8_speedup(work, HEAD, layout.tp)
         seconds += head_flops / head_speed
-        kind = "compiled" if work.compile and work.compile_loss else "eager"
+        kind = work.loss_kind(layout)
         vocab = model.vocab / (layout.tp if work.loss_parallel else 1)
         traffic = cal.LOSS_TRAFFIC_BYTES_PER_VOCAB[kind] * vocab * tokens
         seconds += traffic / (hw.card.hbm_gbps * 1e9 * cal.HBM_EFFICIENCY)
