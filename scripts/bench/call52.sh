@@ -4,6 +4,8 @@
 # default (in place), then with the GPUs swapped. (2) 1B AC off with --compile.tune_kernels
 # against the reference, swapped likewise. nvidia-smi logs each GPU's SM clock and power draw
 # every 200 ms during each pair (read only).
+# As it ran, this script hangs after its first pair: `wait` also waits for the nvidia-smi logger
+# (started in the background before the pair), which never exits. call53.sh ran the rest.
 source scripts/bench/lib.sh
 card
 export CONFIG_FILE=train_configs/llama3_1b.toml
