@@ -76,8 +76,7 @@ def check_parallelism(cfg: JobConfig, model_args: ModelArgs, world_size: int) ->
         reason = copy_engine_problem(dims.fsdp_degree, dims.tp, local_gpus(), dims.pp)
         if reason:
             raise ConfigError(reason)
-    vocab_sharded = dims.tp > 1 and not cfg.parallelism.disable_loss_parallel
-    reason = in_place_problem(cfg.training.logits_loss, vocab_sharded, torch.cuda.is_available())
+    reason = in_place_problem(cfg.training.logits_loss, torch.cuda.is_available())
     if reason:
         raise ConfigError(reason)
     if cfg.parallelism.enable_async_tensor_parallel:

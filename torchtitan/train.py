@@ -56,9 +56,7 @@ class Trainer:
             self.model_parts,
             chunk_tokens=t.loss_chunk_tokens,
             compiled=cfg.compile.enable and cfg.compile.loss,
-            in_place=in_place_chosen(
-                t.logits_loss, self._vocab_sharded, self.device.type == "cuda"
-            ),
+            in_place=in_place_chosen(t.logits_loss, self.device.type == "cuda"),
             autocast=self._autocast,
         )
         self.dataloader = self._build_dataloader()
@@ -174,11 +172,7 @@ class Trainer:
 
     def _loss_context(self):
         """Loss parallel: the loss reads logits sharded over the vocabulary across TP ranks."""
-        return loss_context(self._vocab_sharded)
-
-    @property
-    def _vocab_sharded(self) -> bool:
-        return self.dims.tp > 1 and not self.cfg.parallelism.disable_loss_parallel
+        return loss_context(self.dims.tp > 1 and not self.cfg.parallelism.disable_loss_parallel)
 
     def _autocast(self):
         """bf16 autocast on GPU where FSDP's mixed precision does not already cast."""

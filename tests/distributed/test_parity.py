@@ -38,6 +38,15 @@ LAYOUTS = {
             "--activation_checkpoint.selective_ac_option=2",
         ],
     ),
+    # Loss parallel with the in-place loss: each rank overwrites its vocabulary shard's logits.
+    "tp2_in_place_loss": (
+        2,
+        [
+            "--training.local_batch_size=8",
+            "--parallelism.tensor_parallel_degree=2",
+            "--training.logits_loss=in_place",
+        ],
+    ),
     # Compile + TP + full AC: the checkpoint wraps the compiled block and FSDP the checkpoint
     # (torch 2.13 fails the other order, docs/parallelism.md).
     "fsdp2_tp2_compile_full_ac": (

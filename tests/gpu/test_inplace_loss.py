@@ -50,3 +50,28 @@ def test_in_place_kernels_match_f_cross_entropy_on_gpu():
     # F.cross_entropy of logits.float() also holds fp32 copies; in place holds the logits alone.
     assert got[3] < want[3] - logits_bytes
     assert got[3] < 1.2 * logits_bytes
+
+
+def test_a_vocabulary_shard_on_gpu():
+    """The kernels on one TP rank's columns (loss parallel): its label logits, and with the
+    whole vocabulary's log-sum-exp the shard's slice of the whole gradient."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from torchtitan import cross_entropy_kernels as kernels
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    logits = (torch.randn(TOKENS, VOCAB, device="cuda", generator=g) * 2).bfloat16()
+    labels = torch.randint(0, VOCAB, (TOKENS,), device="cuda", generator=g)
+    labels[:64] = IGNORE_INDEX
+    start, stop = VOCAB // 2, VOCAB
+    lse, _ = kernels.forward(logits, labels, IGNORE_INDEX)
+    shard = logits[:, start:stop].clone()
+    _, picked = kernels.forward(shard, labels, IGNORE_INDEX, col_offset=start)
+    inside = (labels >= start) & (labels < stop)
+    want = logits.float().gather(1, labels.clamp(min=0)[:, None]).squeeze(1)
+    assert torch.equal(picked, torch.where(inside, want, 0.0))
+    scale = torch.full((), 1.0 / TOKENS, device="cuda")
+    kernels.backward_in_place(shard, labels, lse, scale, IGNORE_INDEX, col_offset=start)
+    whole = logits.clone()
+    kernels.backward_in_place(whole, labels, lse, scale, IGNORE_INDEX)
+    assert torch.equal(shard, whole[:, start:stop])

@@ -20,6 +20,8 @@ from torchtitan.inplace_loss import (
     in_place_problem,
     inplace_cross_entropy_sum,
 )
+from torchtitan.models.llama3.args import model_args_for_job
+from torchtitan.preflight import check_parallelism
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,6 +74,20 @@ def test_the_gradient_is_written_into_the_logits_storage():
     assert logits[0, :37].abs().max().item() == 0.0
 
 
+def test_strided_logits_and_labels():
+    """Every other position of the sequence: the logits cannot be viewed as rows (reshape
+    copies them) and the labels are strided; loss and gradients still match."""
+    h, w, labels = head_and_labels(torch.float32)
+    wants, gots = [], []
+    for loss_fn, out in ((reference, wants), (inplace_cross_entropy_sum, gots)):
+        w_ = w.clone().requires_grad_()
+        full = F.linear(h, w_)
+        loss = loss_fn(full[:, ::2], labels[:, ::2])
+        loss.backward()
+        out.extend([loss.detach(), w_.grad])
+    torch.testing.assert_close(gots, wants, rtol=1e-5, atol=1e-6)
+
+
 def test_without_gradients_the_logits_are_left_alone():
     h, w, labels = head_and_labels(torch.float32)
     logits = F.linear(h, w)
@@ -101,15 +117,16 @@ def test_another_node_that_saved_the_logits_fails_loudly():
         total.backward()
 
 
-def test_which_loss_runs_and_what_is_refused():
-    assert in_place_chosen("auto", vocab_sharded=False, cuda=True)
-    assert not in_place_chosen("auto", vocab_sharded=True, cuda=True)
-    assert not in_place_chosen("auto", vocab_sharded=False, cuda=False)
-    assert in_place_chosen("in_place", vocab_sharded=False, cuda=False)
-    assert not in_place_chosen("standard", vocab_sharded=False, cuda=True)
-    assert "loss parallel" in in_place_problem("in_place", vocab_sharded=True, cuda=False)
-    assert in_place_problem("in_place", vocab_sharded=False, cuda=False) is None
-    assert in_place_problem("auto", vocab_sharded=True, cuda=True) is None
+def test_which_loss_runs_and_what_is_refused(monkeypatch):
+    assert in_place_chosen("auto", cuda=True)
+    assert not in_place_chosen("auto", cuda=False)
+    assert in_place_chosen("in_place", cuda=False)
+    assert not in_place_chosen("standard", cuda=True)
+    assert in_place_problem("in_place", cuda=False) is None
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert "needs Triton" in in_place_problem("in_place", cuda=True)
+    assert in_place_problem("auto", cuda=True) is None
+    assert not in_place_chosen("auto", cuda=True)  # auto falls back to the standard loss
     with pytest.raises(ConfigError, match="keep one"):
         parse_args(["--training.logits_loss=in_place", "--training.loss_chunk_tokens=64"])
 
@@ -119,20 +136,31 @@ import torch
 from torchtitan import cross_entropy_kernels as k
 from torchtitan.inplace_loss import IGNORE_INDEX, inplace_cross_entropy_sum
 torch.manual_seed(0)
+rows = torch.arange(48)
 for vocab, block in ((1000, 256), (300, 512)):  # several blocks with a ragged last one; one
     logits = (torch.randn(48, vocab + 5) * 4)[:, :vocab]  # rows strided wider than the vocab
     labels = torch.randint(0, vocab, (48,))
     labels[:5] = IGNORE_INDEX
-    lse, loss = k.forward(logits, labels, IGNORE_INDEX, block=block, warps=4)
-    want = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
+    lse, picked = k.forward(logits, labels, IGNORE_INDEX, block=block, warps=4)
     torch.testing.assert_close(lse, torch.logsumexp(logits, -1), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-5)
+    want = torch.where(labels >= 0, logits[rows, labels.clamp(min=0)], 0.0)
+    torch.testing.assert_close(picked, want, rtol=0, atol=0)
     expected = torch.softmax(logits, -1) * 0.25
-    expected[torch.arange(48), labels.clamp(min=0)] -= 0.25
+    expected[rows, labels.clamp(min=0)] -= 0.25
     expected[:5] = 0
     grad = logits.clone()
     k.backward_in_place(grad, labels, lse, torch.tensor(0.25), IGNORE_INDEX, block=block, warps=4)
     torch.testing.assert_close(grad, expected, rtol=1e-5, atol=1e-6)
+    # A vocabulary shard, columns [130, 290): its own lse, the labels among its columns, and
+    # with the whole vocabulary's lse the shard's slice of the whole gradient.
+    shard = logits[:, 130:290]
+    lse_s, picked_s = k.forward(shard, labels, IGNORE_INDEX, col_offset=130, block=block, warps=4)
+    torch.testing.assert_close(lse_s, torch.logsumexp(shard, -1), rtol=1e-5, atol=1e-5)
+    inside = (labels >= 130) & (labels < 290)
+    torch.testing.assert_close(picked_s, torch.where(inside, want, 0.0), rtol=0, atol=0)
+    grad = shard.clone()
+    k.backward_in_place(grad, labels, lse, torch.tensor(0.25), IGNORE_INDEX, 130, block, 4)
+    torch.testing.assert_close(grad, expected[:, 130:290], rtol=1e-5, atol=1e-6)
 # Through the autograd function, with the default block sizes (one partial block per row).
 x = torch.randn(2, 24, 700, requires_grad=True)
 y = torch.randint(0, 700, (2, 24))
@@ -155,3 +183,8 @@ def test_the_triton_kernels_under_the_interpreter():
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "kernels ok" in run.stdout
+
+
+def test_preflight_takes_in_place_under_loss_parallel():
+    cfg = parse_args(["--parallelism.tensor_parallel_degree=2", "--training.logits_loss=in_place"])
+    check_parallelism(cfg, model_args_for_job(cfg), world_size=2)

@@ -142,7 +142,7 @@ class Training(Section):
         "auto",
         "the loss of whole logits: in_place = kernels that write the gradient over the logits "
         "(one logits-sized tensor at the peak instead of two); standard = F.cross_entropy "
-        "(compiled with --compile.loss); auto = in_place on CUDA unless TP shards the vocabulary",
+        "(compiled with --compile.loss); auto = in_place on CUDA",
     )
 
     def validate(self) -> None:

@@ -184,8 +184,7 @@ class Workload:
 
     def loss_kind(self, layout: Layout) -> str:
         """How the loss reads whole logits under ``layout``: in_place, compiled or eager."""
-        vocab_sharded = layout.tp > 1 and self.loss_parallel
-        if in_place_chosen(self.logits_loss, vocab_sharded, cuda=True):
+        if in_place_chosen(self.logits_loss, cuda=True):
             return "in_place"
         return "compiled" if self.compile and self.compile_loss else "eager"
 
