@@ -1,7 +1,7 @@
 """The in-place cross-entropy: the same loss and gradients as F.cross_entropy, the gradient
 written into the logits' own storage, and loud failures where that would be unsafe. The Triton
 kernels themselves run here under Triton's CPU interpreter when triton is installed (the dev
-extra), and on a GPU in tests/gpu/test_inplace_loss.py."""
+extra), and on a GPU in tests/gpu/test_inplace_loss_on_gpu.py."""
 
 import importlib.util
 import os
