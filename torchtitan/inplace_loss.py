@@ -126,8 +126,10 @@ def _local_row_stats(logits: torch.Tensor, labels: torch.Tensor, col_offset: int
     lse = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
     for rows in _row_blocks(logits.shape[0]):
         lse[rows] = torch.logsumexp(logits[rows].float(), dim=-1)
-    mine, column = _own_columns(labels, col_offset, logits.shape[1])
-    picked = logits.gather(1, column[:, None]).squeeze(1).float() if logits.shape[1] else lse
+    if not logits.shape[1]:  # an empty vocabulary shard: no label's column is here
+        return lse, torch.zeros_like(lse)
+    mine, column = own_columns(labels, col_offset, logits.shape[1])
+    picked = logits.gather(1, column[:, None]).squeeze(1).float()
     return lse, torch.where(mine, picked, 0.0)
 
 
@@ -138,7 +140,7 @@ def _backward_in_place(logits, labels, col_offset: int, lse, grad) -> None:
     if logits.shape[1] == 0:  # an empty vocabulary shard
         return
     scale = torch.where(labels != IGNORE_INDEX, grad, 0.0)
-    mine, column = _own_columns(labels, col_offset, logits.shape[1])
+    mine, column = own_columns(labels, col_offset, logits.shape[1])
     one_hot = torch.where(mine, scale, 0.0)
     for rows in _row_blocks(logits.shape[0]):
         g = torch.exp(logits[rows].float() - lse[rows, None]) * scale[rows, None]
@@ -146,7 +148,7 @@ def _backward_in_place(logits, labels, col_offset: int, lse, grad) -> None:
         logits[rows] = g.to(logits.dtype)
 
 
-def _own_columns(labels: torch.Tensor, col_offset: int, n_cols: int):
+def own_columns(labels: torch.Tensor, col_offset: int, n_cols: int):
     """Which rows' labels fall among these columns, and each label's column (0 where not)."""
     column = labels - col_offset
     mine = (labels != IGNORE_INDEX) & (column >= 0) & (column < n_cols)

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
-from torchtitan.inplace_loss import IGNORE_INDEX, inplace_cross_entropy_sum
+from torchtitan.inplace_loss import IGNORE_INDEX, inplace_cross_entropy_sum, own_columns
 from torchtitan.parallel.vocab_parallel import VocabShard, vocab_sharded_operands
 
 
@@ -76,9 +76,7 @@ class _SoftmaxStats(NamedTuple):
 
 def _sharded_softmax_stats(lf: torch.Tensor, labels: torch.Tensor, shard: VocabShard):
     keep = labels != IGNORE_INDEX
-    local = labels - shard.start
-    mine = keep & (local >= 0) & (local < lf.shape[1])
-    safe = torch.where(mine, local, 0)
+    mine, safe = own_columns(labels, shard.start, lf.shape[1])
     peak = lf.amax(dim=-1)
     dist.all_reduce(peak, dist.ReduceOp.MAX, group=shard.group)
     exp_sum = torch.exp(lf - peak[:, None]).sum(dim=-1)
