@@ -1,0 +1,188 @@
+"""Time one compiled Llama 3 block, forward and backward, as the one-GPU trainer runs it.
+
+    python scripts/bench/block_step.py [--impl ours|ref] [--rope pairs|swap|complex] [--float8]
+        [--residual float32|bfloat16] [--flavor 1B] [--batch 4] [--seq 8192] [--iters 20]
+        [--top 20]
+
+fp32 parameters under bf16 autocast; a block input that needs its gradient, in the residual
+stream's dtype (float32: the embedding's output under autocast, as the model passed it before
+docs/performance.md finding 23; bfloat16, the default: what it passes since); the block compiled
+alone with ``fullgraph=True`` (the trainer compiles each block so); optionally every linear
+converted to torchao's tensorwise Float8Linear. Prints the median milliseconds of one forward +
+backward (CUDA events) and the kernels of one traced step, longest first, so two variants run one
+after the other on the same GPU compare kernel by kernel.
+
+``--impl ref`` times the reference framework's block instead (run with ``.peer/torchtitan``
+first on PYTHONPATH in place of this repository). ``--rope`` replaces the model's RoPE with one
+of the formulations in this file, all the same rotation: ``pairs`` (the pairs unbound, rotated
+and stacked back: the model's form before finding 23), ``swap`` (x times the cosines plus the
+pair-swapped x times the signed sines: the model's form since, the default), ``complex`` (each
+pair as one complex number times the complex angle).
+Inductor settings come from the environment (``TORCHINDUCTOR_*``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+
+def rope_pairs(xq, xk, rope_cache):
+    seqlen = xq.shape[1]
+    cos, sin = rope_cache[:seqlen].float().chunk(2, dim=-1)
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+
+    def rotate(x):
+        x0, x1 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+        return (
+            torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1).flatten(-2).type_as(x)
+        )
+
+    return rotate(xq), rotate(xk)
+
+
+def rope_swap(xq, xk, rope_cache):
+    seqlen = xq.shape[1]
+    cos, sin = rope_cache[:seqlen].float().chunk(2, dim=-1)
+    cos2 = cos.repeat_interleave(2, dim=-1)[None, :, None, :]
+    sin2 = torch.stack([-sin, sin], dim=-1).flatten(-2)[None, :, None, :]
+
+    def rotate(x):
+        xf = x.float()
+        swapped = xf.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+        return (xf * cos2 + swapped * sin2).type_as(x)
+
+    return rotate(xq), rotate(xk)
+
+
+def rope_complex(xq, xk, rope_cache):
+    seqlen = xq.shape[1]
+    cos, sin = rope_cache[:seqlen].float().chunk(2, dim=-1)
+    angle = torch.complex(cos, sin)[None, :, None, :]
+
+    def rotate(x):
+        pairs = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)).contiguous())
+        return torch.view_as_real(pairs * angle).flatten(-2).type_as(x)
+
+    return rotate(xq), rotate(xk)
+
+
+def ours_block(args):
+    from torchtitan.models.llama3 import model as llama
+    from torchtitan.models.llama3.args import get_model_args
+
+    llama.apply_rope = {"pairs": rope_pairs, "swap": rope_swap, "complex": rope_complex}[args.rope]
+    margs = get_model_args(args.flavor, max_seq_len=args.seq)
+    block = llama.TransformerBlock(0, margs)
+    block.init_weights()
+    rope = llama.precompute_rope_cache(margs.head_dim, args.seq, margs.rope_theta)
+    return block, rope, margs.dim
+
+
+def ref_block(args):
+    # The reference's package: run with .peer/torchtitan on PYTHONPATH (see the docstring).
+    from torchtitan.models.llama3.model.model import TransformerBlock, precompute_freqs_cis
+
+    from torchtitan.models.llama3 import llama3_args
+
+    margs = llama3_args[args.flavor]
+    block = TransformerBlock(0, margs)
+    block.init_weights()
+    freqs = precompute_freqs_cis(
+        margs.dim // margs.n_heads, args.seq, margs.rope_theta, margs.rope_scaling_args
+    )
+    return block, freqs, margs.dim
+
+
+def build(args):
+    with torch.device(args.device), torch.no_grad():
+        block, rope, dim = (ref_block if args.impl == "ref" else ours_block)(args)
+    if args.float8:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        convert_to_float8_training(block, config=Float8LinearConfig(emulate=args.device == "cpu"))
+    if args.impl == "ref":
+        compiled = torch.compile(block, fullgraph=True)
+        return (lambda x: compiled(x, rope, None)), dim
+    compiled = torch.compile(block, fullgraph=True)
+    return (lambda x: compiled(x, rope)), dim
+
+
+def step_fn(args):
+    block, dim = build(args)
+    gen = torch.Generator(args.device).manual_seed(0)
+    dtype = getattr(torch, args.residual)
+    x = torch.randn(args.batch, args.seq, dim, device=args.device, generator=gen).to(dtype)
+    x.requires_grad_()
+    grad = torch.randn(args.batch, args.seq, dim, device=args.device, generator=gen) * 1e-3
+    grad = grad.to(dtype)
+    autocast = torch.autocast(args.device, dtype=torch.bfloat16)
+
+    def step():
+        with autocast:
+            out = block(x)
+        out.backward(grad)
+
+    return step
+
+
+def median_ms(step, iters: int) -> float:
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def top_kernels(step, top: int) -> list[tuple[float, int, str]]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    totals: dict[str, list] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            entry = totals.setdefault(event.name, [0.0, 0])
+            entry[0] += event.device_time / 1e3
+            entry[1] += 1
+    ranked = sorted(((ms, n, name) for name, (ms, n) in totals.items()), reverse=True)
+    return ranked[:top]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--impl", choices=["ours", "ref"], default="ours")
+    p.add_argument("--rope", choices=["pairs", "swap", "complex"], default="swap")
+    p.add_argument("--residual", choices=["float32", "bfloat16"], default="bfloat16")
+    p.add_argument("--float8", action="store_true")
+    p.add_argument("--flavor", default="1B")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=8192)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--top", type=int, default=20)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = p.parse_args()
+    step = step_fn(args)
+    for _ in range(3):
+        step()
+    label = f"{args.impl} rope={args.rope if args.impl == 'ours' else 'complex(ref)'}"
+    label += (" float8" if args.float8 else " bf16") + f" residual={args.residual}"
+    if args.device == "cpu":
+        print(f"{label}: ran on CPU (no timing)")
+        return
+    print(f"{label}: {median_ms(step, args.iters):.3f} ms forward+backward (median)")
+    total = 0.0
+    for ms, n, name in top_kernels(step, args.top):
+        total += ms
+        print(f"  {ms:8.3f} ms {n:3d}x  {name[:130]}")
+
+
+if __name__ == "__main__":
+    main()
