@@ -106,6 +106,22 @@ def test_attention_works_on_tensor_parallel_shards():
     torch.testing.assert_close(total, full(x, rope), atol=1e-5, rtol=1e-5)
 
 
+def test_under_autocast_the_residual_stream_is_in_autocast_dtype():
+    """One GPU runs under bf16 autocast with fp32 weights: the blocks get and return bf16 hidden
+    states (as under FSDP's mixed precision), not the embedding's fp32."""
+    model = tiny_model()
+    seen = []
+    for layer in model.layers.values():
+        layer.register_forward_hook(lambda m, args, out: seen.append((args[0].dtype, out.dtype)))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(tokens())
+    assert seen == [(torch.bfloat16, torch.bfloat16)] * TINY.n_layers
+    assert torch.isfinite(logits.float()).all()
+    seen.clear()
+    model(tokens())  # without autocast nothing changes
+    assert seen == [(torch.float32, torch.float32)] * TINY.n_layers
+
+
 # ---------------------------------------------------------------- RoPE
 
 
@@ -147,6 +163,18 @@ def test_rmsnorm_is_x_over_its_rms_in_fp32_times_the_weight(dtype):
     else:
         ulp = torch.exp2(torch.floor(torch.log2(expected.abs())) - 7)  # bf16: 8 mantissa bits
         assert ((out.float() - expected).abs() <= ulp).all()
+
+
+def test_rope_matches_unbinding_and_stacking_the_pairs_bitwise():
+    """The pair-swap form (model.py) computes each output with the same two products and one sum
+    as rotating the unbound pairs and stacking them back."""
+    x = torch.randn(2, 12, 3, 16, dtype=torch.bfloat16)
+    cache = precompute_rope_cache(16, 12)
+    out, _ = apply_rope(x, x, cache)
+    cos, sin = (t[None, :, None, :] for t in cache.chunk(2, dim=-1))
+    x0, x1 = x.float().unflatten(-1, (-1, 2)).unbind(-1)
+    stacked = torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1).flatten(-2)
+    assert torch.equal(out, stacked.to(torch.bfloat16))
 
 
 def test_rope_preserves_norm():

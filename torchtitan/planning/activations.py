@@ -65,7 +65,8 @@ def block_bytes_per_token(
 ) -> float:
     """Bytes one block keeps for backward per token of this rank's (sequence) share.
 
-    autocast: one GPU without FSDP, where the residual stream stays fp32 (2 more bytes per dim).
+    autocast: one GPU without FSDP (fp32 weights). The residual stream is bf16 there too: the
+    model casts the embedding's output to autocast's dtype (docs/performance.md, finding 23).
     cp > 1: ring attention also keeps about the K/V of the other CP ranks (none and selective
     modes; calibration.CP_SAVED_KV). float8: the block linears that run in float8.
     """
@@ -89,8 +90,6 @@ def _block_bytes(w: Shapes, kind, tp, cp, bf16, autocast, compiled, float8) -> f
         # Collectives are not recomputed: the sequence-gathered norm outputs stay saved, and so
         # does wo's reduce-scatter output where alternate recomputes wo itself.
         total += 2 * act * w.dim + (act * w.dim / tp if kind == "alternate" else 0)
-    if autocast:
-        total += 2 * w.dim / tp
     if kind != "full" and cp > 1:
         total += cal.CP_SAVED_KV * (cp - 1) * 2 * act * w.kv / tp
     if not compiled and kind == "none":
@@ -131,8 +130,16 @@ def block_fixed_bytes(
 # Bytes per token per vocabulary entry (measured, bf16 logits held by the trainer):
 # eager loss: bf16 logits 2 + fp32 log-softmax 4 held; backward adds its fp32 gradient, the
 # gradient of the fp32 copy and its cast: peak 14. Compiled loss: logits 2 + bf16 gradient 2.
-# In place (torchtitan.inplace_loss): the gradient is written over the logits.
-LOSS_BYTES_PER_VOCAB = {"eager": (2.0, 12.0), "compiled": (2.0, 2.0), "in_place": (2.0, 0.0)}
+# In place (torchtitan.inplace_loss): the gradient is written over the logits. Compiled under
+# TP's loss parallel (DTensor logits sharded over the vocabulary) the standard loss holds more
+# than the whole-vocabulary compiled one: 7.5 bytes above the logits at the peak (one point:
+# 1B TP2 AC off, 30.58 GiB against the in-place loss's 23.00, 2x H200, call 54).
+LOSS_BYTES_PER_VOCAB = {
+    "eager": (2.0, 12.0),
+    "compiled": (2.0, 2.0),
+    "in_place": (2.0, 0.0),
+    "compiled_loss_parallel": (2.0, 7.5),
+}
 FINAL_NORM_BYTES_PER_DIM = 8  # eager final RMSNorm (fp32 internals) + the head's bf16 input
 
 
@@ -166,7 +173,7 @@ def loss_peak_bytes_per_token(
     bf16: bool = True,
 ) -> float:
     """Peak bytes of final norm + head output + loss forward/backward, per token (the loss of
-    whole logits, ``loss_kind`` in_place, compiled or eager; ``fused_loss_peak_bytes`` is the
+    whole logits, ``loss_kind`` one of LOSS_BYTES_PER_VOCAB's; ``fused_loss_peak_bytes`` is the
     chunked one)."""
     logits, loss_part = LOSS_BYTES_PER_VOCAB[loss_kind]
     if not bf16:  # fp32 logits; in place, their gradient still takes no second tensor

@@ -59,13 +59,16 @@ def load_points(path: Path = DEFAULT_POINTS, superseded: bool = False) -> list[d
 
 def _old_code_bytes(point: dict, work: Workload, layout: Layout) -> float:
     """What the code a point was measured on held at the peak on top of today's model: the
-    last block's gathered weights (before commit ca443e9) and pre-GQA AC-off blocks' repeated
-    K/V, both scaled by the allocator overhead like every part."""
+    last block's gathered weights (before commit ca443e9), pre-GQA AC-off blocks' repeated
+    K/V, and the float32 residual stream under autocast (before finding 23), all scaled by the
+    allocator overhead like every part."""
     total = 0.0
     reshards = layout.pp == 1 and work.reshard_policy != "never"
     if point.get("last_block_gathered") and layout.data_parallel and reshards:
         total += unit_gather_bytes(work, layout)[0]
     extra = point.get("extra_kib_per_token_block", 0) * 1024
+    if point.get("fp32_residual") and work.bf16 and not layout.data_parallel:
+        extra += 2 * work.model.dim / layout.tp  # 2 more bytes per residual value
     if extra:
         stages = rank_stages(work.model.n_layers, layout)[0]
         tokens = work.microbatch_tokens(layout)

@@ -183,10 +183,13 @@ class Workload:
         )
 
     def loss_kind(self, layout: Layout) -> str:
-        """How the loss reads whole logits under ``layout``: in_place, compiled or eager."""
+        """How the loss reads whole logits under ``layout``: in_place, compiled_loss_parallel
+        (the compiled standard loss of vocabulary-sharded DTensor logits), compiled or eager."""
         if in_place_chosen(self.logits_loss, cuda=True):
             return "in_place"
-        return "compiled" if self.compile and self.compile_loss else "eager"
+        if not (self.compile and self.compile_loss):
+            return "eager"
+        return "compiled_loss_parallel" if layout.tp > 1 and self.loss_parallel else "compiled"
 
     @functools.cached_property
     def shape(self) -> Shapes:

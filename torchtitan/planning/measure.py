@@ -58,7 +58,8 @@ def _dtype(precision: str) -> torch.dtype:
 def _forward_backward(model: Blocks, args, seq: int, precision: str) -> list[int]:
     """One forward + backward; memory_allocated after each block's forward."""
     rope = llama.precompute_rope_cache(args.head_dim, seq).cuda()
-    x = torch.randn(1, seq, args.dim, device="cuda", dtype=_dtype(precision), requires_grad=True)
+    # bf16 under autocast too: the model casts the embedding's output to autocast's dtype.
+    x = torch.randn(1, seq, args.dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     sizes = [torch.cuda.memory_allocated()]
     h = x
     with torch.autocast("cuda", torch.bfloat16, enabled=precision == "autocast"):
@@ -102,7 +103,7 @@ def measure_loss(args, precision: str, seq: int = SEQS[1]) -> dict:
     dtype = _dtype(precision)
     norm = llama.RMSNorm(args.dim).to("cuda", dtype)
     head = nn.Linear(args.dim, args.vocab_size, bias=False).to("cuda", dtype)
-    h = torch.randn(1, seq, args.dim, device="cuda", dtype=dtype, requires_grad=True)
+    h = torch.randn(1, seq, args.dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     labels = torch.randint(0, args.vocab_size, (1, seq), device="cuda")
     result = {}
     for _ in range(2):  # the first pass warms up cuBLAS

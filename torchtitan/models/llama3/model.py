@@ -82,11 +82,14 @@ def precompute_rope_cache(
 
 
 def _rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # Meta's convention: (x[2i], x[2i+1]) is rotated as one complex number x[2i] + i*x[2i+1].
-    pairs = x.float().unflatten(-1, (-1, 2))
-    x0, x1 = pairs[..., 0], pairs[..., 1]
-    out = torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1)
-    return out.flatten(-2).type_as(x)
+    # Meta's convention: (x[2i], x[2i+1]) is rotated as one complex number x[2i] + i*x[2i+1]:
+    # (x0 cos - x1 sin, x1 cos + x0 sin) = x * (cos, cos) + (x1, x0) * (-sin, sin). Written with
+    # the pair swap rather than unbinding and stacking the pairs, its backward is pointwise too:
+    # the stacked form's backward scattered into zeros, and the compiled block ran 0.5-0.8%
+    # slower on an H200 (docs/performance.md, finding 23).
+    xf = x.float()
+    swapped = xf.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    return (xf * cos + swapped * sin).type_as(x)
 
 
 def apply_rope(
@@ -100,6 +103,8 @@ def apply_rope(
             "raise model.max_seq_len"
         )
     cos, sin = rope_cache[:seqlen].float().chunk(2, dim=-1)
+    cos = cos.repeat_interleave(2, dim=-1)  # each pair's angle for both of its entries
+    sin = torch.stack([-sin, sin], dim=-1).flatten(-2)
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # broadcast over batch and heads
     return _rotate_pairs(xq, cos, sin), _rotate_pairs(xk, cos, sin)
 
@@ -219,6 +224,18 @@ class TransformerBlock(nn.Module):
         self.feed_forward.init_weights(self.out_init_std)
 
 
+def _in_autocast_dtype(h: torch.Tensor) -> torch.Tensor:
+    """The residual stream in autocast's dtype (bf16 on one GPU), as under FSDP's mixed precision.
+
+    Autocast leaves the embedding's output in float32, and every residual add would keep it
+    there: float32 block inputs saved for backward and read and written at twice the bytes by the
+    norms and adds (docs/performance.md, finding 23)."""
+    device = h.device.type
+    if h.is_floating_point() and torch.is_autocast_enabled(device):
+        return h.to(torch.get_autocast_dtype(device))
+    return h
+
+
 class Transformer(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -254,6 +271,7 @@ class Transformer(nn.Module):
         keys/values are added to it.
         """
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        h = _in_autocast_dtype(h)
         if cache is not None:
             return self._head(self._cached_layers(h, cache, start_pos))
         for layer in self.layers.values():
