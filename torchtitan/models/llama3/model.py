@@ -85,7 +85,7 @@ def _rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
     # Meta's convention: (x[2i], x[2i+1]) is rotated as one complex number x[2i] + i*x[2i+1]:
     # (x0 cos - x1 sin, x1 cos + x0 sin) = x * (cos, cos) + (x1, x0) * (-sin, sin). Written with
     # the pair swap rather than unbinding and stacking the pairs, its backward is pointwise too:
-    # the stacked form's backward scattered into zeros, and the compiled block ran 0.5-0.8%
+    # the stacked form's backward scattered into zeros, and the compiled bf16 block ran 0.5-1.1%
     # slower on an H200 (docs/performance.md, finding 23).
     xf = x.float()
     swapped = xf.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
@@ -225,11 +225,12 @@ class TransformerBlock(nn.Module):
 
 
 def _in_autocast_dtype(h: torch.Tensor) -> torch.Tensor:
-    """The residual stream in autocast's dtype (bf16 on one GPU), as under FSDP's mixed precision.
+    """The residual stream in autocast's dtype, as under FSDP's mixed precision.
 
-    Autocast leaves the embedding's output in float32, and every residual add would keep it
-    there: float32 block inputs saved for backward and read and written at twice the bytes by the
-    norms and adds (docs/performance.md, finding 23)."""
+    The trainer runs bf16 autocast over fp32 weights where no FSDP casts (GPU layouts without
+    data parallelism). Autocast leaves the embedding's output in float32, and every residual add
+    would keep it there: float32 block inputs saved for backward and read and written at twice
+    the bytes by the norms and adds (docs/performance.md, finding 23)."""
     device = h.device.type
     if h.is_floating_point() and torch.is_autocast_enabled(device):
         return h.to(torch.get_autocast_dtype(device))
