@@ -24,9 +24,9 @@ Inductor settings come from the environment (``TORCHINDUCTOR_*``).
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
+from cuda_timing import median_ms
 
 
 def rope_pairs(xq, xk, rope_cache):
@@ -126,18 +126,6 @@ def step_fn(args):
         out.backward(grad)
 
     return step
-
-
-def median_ms(step, iters: int) -> float:
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def top_kernels(step, top: int) -> list[tuple[float, int, str]]:

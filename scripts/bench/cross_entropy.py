@@ -13,27 +13,15 @@ in-place Triton kernels (torchtitan/inplace_loss.py) at several block sizes and 
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
+from cuda_timing import median_ms
 
 from torchtitan import cross_entropy_kernels as kernels
 from torchtitan.inplace_loss import IGNORE_INDEX
 from torchtitan.loss import cross_entropy_sum
 
 CONFIGS = [(4096, 8), (8192, 8), (8192, 16), (16384, 16), (32768, 32)]
-
-
-def timed(fn, iters: int) -> float:
-    times = []
-    for _ in range(iters + 3):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times[3:])
 
 
 def backward_peak(fn) -> float:
@@ -57,8 +45,8 @@ def compiled_standard(logits, labels, iters):
         forward()  # the graph is consumed by each backward
         torch.autograd.grad(state["loss"], leaf)
 
-    forward_ms = timed(forward, iters)
-    both_ms = timed(backward, iters)
+    forward_ms = median_ms(forward, iters, warmup=3)
+    both_ms = median_ms(backward, iters, warmup=3)
     forward()
     peak = backward_peak(lambda: torch.autograd.grad(state["loss"], leaf))
     return forward_ms, both_ms - forward_ms, peak
@@ -75,8 +63,8 @@ def in_place(logits, labels, iters, block, warps):
         kernels.backward_in_place(logits, labels, state["lse"], grad, IGNORE_INDEX, block, warps)
 
     forward()
-    forward_ms = timed(forward, iters)
-    backward_ms = timed(backward, iters)
+    forward_ms = median_ms(forward, iters, warmup=3)
+    backward_ms = median_ms(backward, iters, warmup=3)
     return forward_ms, backward_ms, backward_peak(backward)
 
 
