@@ -103,11 +103,9 @@ def build(args):
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
         convert_to_float8_training(block, config=Float8LinearConfig(emulate=args.device == "cpu"))
-    if args.impl == "ref":
-        compiled = torch.compile(block, fullgraph=True)
-        return (lambda x: compiled(x, rope, None)), dim
     compiled = torch.compile(block, fullgraph=True)
-    return (lambda x: compiled(x, rope)), dim
+    masks = (None,) if args.impl == "ref" else ()  # the reference's block takes attention masks
+    return (lambda x: compiled(x, rope, *masks)), dim
 
 
 def step_fn(args):
