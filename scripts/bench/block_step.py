@@ -1,7 +1,7 @@
 """Time one compiled Llama 3 block, forward and backward, as the one-GPU trainer runs it.
 
     python scripts/bench/block_step.py [--impl ours|ref] [--rope pairs|swap|complex] [--float8]
-        [--residual float32|bfloat16] [--flavor 1B] [--batch 4] [--seq 8192] [--iters 20]
+        [--residual float32|bfloat16] [--fuse] [--flavor 1B] [--batch 4] [--seq 8192] [--iters 20]
         [--top 20]
 
 fp32 parameters under bf16 autocast; a block input that needs its gradient, in the residual
@@ -9,7 +9,8 @@ stream's dtype (float32: the embedding's output under autocast, as the model pas
 docs/performance.md finding 23; bfloat16, the default: what it passes since); the block compiled
 alone with ``fullgraph=True`` (the trainer compiles each block so); optionally every linear
 converted to torchao's tensorwise Float8Linear. Prints the median milliseconds of one forward +
-backward (CUDA events) and the kernels of one traced step, longest first, so two variants run one
+backward (CUDA events), the kernel time of one traced step by category (matmul, attention, inductor
+reductions and pointwise kernels) and its kernels longest first, so two variants run one
 after the other on the same GPU compare kernel by kernel.
 
 ``--impl ref`` times the reference framework's block instead (run with ``.peer/torchtitan``
@@ -69,6 +70,46 @@ def rope_complex(xq, xk, rope_cache):
     return rotate(xq), rotate(xk)
 
 
+def fuse_projections(block) -> None:
+    """Bench-only variant: wq/wk/wv as one linear and w1/w3 as one, their outputs split."""
+    import types
+
+    import torch.nn.functional as F
+    from torch import nn
+
+    def fused(*linears):
+        weight = torch.cat([lin.weight for lin in linears])
+        out = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device)
+        with torch.no_grad():
+            out.weight.copy_(weight)
+        return out, [lin.weight.shape[0] for lin in linears]
+
+    attn, ffn = block.attention, block.feed_forward
+    attn.wqkv, attn.qkv_sizes = fused(attn.wq, attn.wk, attn.wv)
+    ffn.w13, ffn.w13_sizes = fused(ffn.w1, ffn.w3)
+    del attn.wq, attn.wk, attn.wv, ffn.w1, ffn.w3
+
+    def attention_forward(self, x, rope_cache):
+        from torchtitan.models.llama3 import model as llama
+
+        bs, seqlen, _ = x.shape
+        xq, xk, xv = self.wqkv(x).split(self.qkv_sizes, dim=-1)
+        xq, xk, xv = (t.view(bs, seqlen, -1, self.head_dim) for t in (xq, xk, xv))
+        xq, xk = llama.apply_rope(xq, xk, rope_cache)
+        q, k, v = (t.transpose(1, 2) for t in (xq, xk, xv))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return self.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
+
+    def ffn_forward(self, x):
+        a, b = self.w13(x).split(self.w13_sizes, dim=-1)
+        return self.w2(F.silu(a) * b)
+
+    attn.forward = types.MethodType(
+        lambda self, x, rope, **_: attention_forward(self, x, rope), attn
+    )
+    ffn.forward = types.MethodType(ffn_forward, ffn)
+
+
 def ours_block(args):
     from torchtitan.models.llama3 import model as llama
     from torchtitan.models.llama3.args import get_model_args
@@ -77,6 +118,8 @@ def ours_block(args):
     margs = get_model_args(args.flavor, max_seq_len=args.seq)
     block = llama.TransformerBlock(0, margs)
     block.init_weights()
+    if args.fuse:
+        fuse_projections(block)
     rope = llama.precompute_rope_cache(margs.head_dim, args.seq, margs.rope_theta)
     return block, rope, margs.dim
 
@@ -126,7 +169,32 @@ def step_fn(args):
     return step
 
 
-def top_kernels(step, top: int) -> list[tuple[float, int, str]]:
+CATEGORIES = (  # (category, substrings of the kernel name), first match wins
+    ("attention", ("sdpa", "fmha", "flash", "attention")),
+    ("matmul", ("gemm", "nvjet", "cutlass", "xmma")),
+    ("inductor reduction", ("triton_red", "triton_per")),
+    ("inductor pointwise", ("triton_poi",)),
+)
+
+
+def category(name: str) -> str:
+    lowered = name.lower()
+    for label, keys in CATEGORIES:
+        if any(key in lowered for key in keys):
+            return label
+    return "other"
+
+
+def by_category(kernels: list[tuple[float, int, str]]) -> dict[str, tuple[float, int]]:
+    sums: dict[str, list] = {}
+    for ms, n, name in kernels:
+        entry = sums.setdefault(category(name), [0.0, 0])
+        entry[0] += ms
+        entry[1] += n
+    return {label: (ms, n) for label, (ms, n) in sorted(sums.items(), key=lambda kv: -kv[1][0])}
+
+
+def all_kernels(step) -> list[tuple[float, int, str]]:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -138,8 +206,7 @@ def top_kernels(step, top: int) -> list[tuple[float, int, str]]:
             entry = totals.setdefault(event.name, [0.0, 0])
             entry[0] += event.device_time / 1e3
             entry[1] += 1
-    ranked = sorted(((ms, n, name) for name, (ms, n) in totals.items()), reverse=True)
-    return ranked[:top]
+    return sorted(((ms, n, name) for name, (ms, n) in totals.items()), reverse=True)
 
 
 def main() -> None:
@@ -148,6 +215,7 @@ def main() -> None:
     p.add_argument("--rope", choices=["pairs", "swap", "complex"], default="swap")
     p.add_argument("--residual", choices=["float32", "bfloat16"], default="bfloat16")
     p.add_argument("--float8", action="store_true")
+    p.add_argument("--fuse", action="store_true", help="wq/wk/wv and w1/w3 as one linear each")
     p.add_argument("--flavor", default="1B")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=8192)
@@ -160,13 +228,15 @@ def main() -> None:
         step()
     label = f"{args.impl} rope={args.rope if args.impl == 'ours' else 'complex(ref)'}"
     label += (" float8" if args.float8 else " bf16") + f" residual={args.residual}"
+    label += " fused projections" if args.fuse else ""
     if args.device == "cpu":
         print(f"{label}: ran on CPU (no timing)")
         return
     print(f"{label}: {median_ms(step, args.iters):.3f} ms forward+backward (median)")
-    total = 0.0
-    for ms, n, name in top_kernels(step, args.top):
-        total += ms
+    kernels = all_kernels(step)
+    for label, (ms, n) in by_category(kernels).items():
+        print(f"  {label:20s} {ms:8.3f} ms in {n} kernels")
+    for ms, n, name in kernels[: args.top]:
         print(f"  {ms:8.3f} ms {n:3d}x  {name[:130]}")
 
 
