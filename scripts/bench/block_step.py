@@ -1,8 +1,8 @@
 """Time one compiled Llama 3 block, forward and backward, as the one-GPU trainer runs it.
 
     python scripts/bench/block_step.py [--impl ours|ref] [--rope pairs|swap|complex] [--float8]
-        [--residual float32|bfloat16] [--fuse] [--flavor 1B] [--batch 4] [--seq 8192] [--iters 20]
-        [--top 20]
+        [--residual float32|bfloat16] [--fuse] [--inductor KEY=VALUE ...] [--flavor 1B]
+        [--batch 4] [--seq 8192] [--iters 20] [--top 20]
 
 fp32 parameters under bf16 autocast; a block input that needs its gradient, in the residual
 stream's dtype (float32: the embedding's output under autocast, as the model passed it before
@@ -152,7 +152,22 @@ def build(args):
     return (lambda x: compiled(x, rope, *masks)), dim
 
 
+def set_inductor_options(options: list[str]) -> None:
+    """Sets ``--inductor KEY=VALUE`` entries (``triton.prefer_nd_tiling=1``) in inductor."""
+    from torch._inductor import config
+
+    for option in options:
+        key, value = option.split("=", 1)
+        *path, name = key.split(".")
+        target = config
+        for part in path:
+            target = getattr(target, part)
+        old = getattr(target, name)
+        setattr(target, name, type(old)(int(value)) if isinstance(old, bool) else type(old)(value))
+
+
 def step_fn(args):
+    set_inductor_options(args.inductor)
     block, dim = build(args)
     gen = torch.Generator(args.device).manual_seed(0)
     dtype = getattr(torch, args.residual)
@@ -217,6 +232,7 @@ def main() -> None:
     p.add_argument("--residual", choices=["float32", "bfloat16"], default="bfloat16")
     p.add_argument("--float8", action="store_true")
     p.add_argument("--fuse", action="store_true", help="wq/wk/wv and w1/w3 as one linear each")
+    p.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--flavor", default="1B")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=8192)
@@ -230,6 +246,7 @@ def main() -> None:
     label = f"{args.impl} rope={args.rope if args.impl == 'ours' else 'complex(ref)'}"
     label += (" float8" if args.float8 else " bf16") + f" residual={args.residual}"
     label += " fused projections" if args.fuse else ""
+    label += "".join(f" {option}" for option in args.inductor)
     if args.device == "cpu":
         print(f"{label}: ran on CPU (no timing)")
         return
