@@ -7,30 +7,24 @@
 # bfloat16 residual); the flags below spell out what ran: the model's form then and fp32 input.
 source scripts/bench/lib.sh
 card
-blk() {  # blk NAME GPU IMPL ARGS... (env: INDUCTOR="VAR=VALUE ...")
-  local name=$1 gpu=$2 impl=$3; shift 3
-  local path=$root; [ $impl = ref ] && path=$peer/torchtitan
-  (cd $path && env $INDUCTOR CUDA_VISIBLE_DEVICES=$gpu TORCHINDUCTOR_CACHE_DIR=/tmp/ic_$name \
-    PYTHONPATH=$site:$path timeout ${T:-200} python3 $root/scripts/bench/block_step.py --impl $impl --residual float32 "$@" \
-    > $out/logs/blk_$name.log 2>&1)
-  echo "== $name rc=$? ${INDUCTOR}"; grep -A${TOP:-14} "forward+backward" $out/logs/blk_$name.log | cut -c1-160
-}
+T=200 SHOW=14
+blk() { block_step "$@" --residual float32; }  # blk NAME GPU IMPL ARGS...
 (
   fits 120 blk f8_pairs_0 0 ours --float8 --rope pairs
   fits 120 blk f8_swap_0 0 ours --float8 --rope swap
   fits 120 blk f8_complex_0 0 ours --float8 --rope complex
   fits 120 blk f8_ref_0 0 ref --float8
-  TOP=4 fits 100 blk bf16_pairs_0 0 ours --rope pairs
-  TOP=4 fits 100 blk bf16_swap_0 0 ours --rope swap
+  SHOW=4 fits 100 blk bf16_pairs_0 0 ours --rope pairs
+  SHOW=4 fits 100 blk bf16_swap_0 0 ours --rope swap
 ) > $out/gpu0.txt 2>&1 &
 p0=$!
 (
   fits 120 blk f8_ref_1 1 ref --float8
   fits 120 blk f8_pairs_1 1 ours --float8 --rope pairs
-  INDUCTOR="TORCHINDUCTOR_MIX_ORDER_REDUCTION=0" fits 120 blk f8_pairs_nomix_1 1 ours --float8 --rope pairs
-  INDUCTOR="TORCHINDUCTOR_LOOP_ORDERING_AFTER_FUSION=0" fits 120 blk f8_pairs_noloop_1 1 ours --float8 --rope pairs
-  TOP=4 fits 100 blk bf16_ref_1 1 ref
-  INDUCTOR="TORCHINDUCTOR_MIX_ORDER_REDUCTION=0" fits 120 blk f8_swap_nomix_1 1 ours --float8 --rope swap
+  TORCHINDUCTOR_MIX_ORDER_REDUCTION=0 fits 120 blk f8_pairs_nomix_1 1 ours --float8 --rope pairs
+  TORCHINDUCTOR_LOOP_ORDERING_AFTER_FUSION=0 fits 120 blk f8_pairs_noloop_1 1 ours --float8 --rope pairs
+  SHOW=4 fits 100 blk bf16_ref_1 1 ref
+  TORCHINDUCTOR_MIX_ORDER_REDUCTION=0 fits 120 blk f8_swap_nomix_1 1 ours --float8 --rope swap
 ) > $out/gpu1.txt 2>&1 &
 p1=$!
 wait $p0 $p1

@@ -9,18 +9,12 @@ export CONFIG_FILE=train_configs/llama3_1b.toml
 ACO="--training.steps 30 --training.seq_len 8192 --compile.enable --training.local_batch_size 4 --activation_checkpoint.mode none"
 # base NAME GPUS ARGS...: `ours` run from the snapshot of the code before the change.
 base() { (root=$root/.bench/base; ours base_$1 $2 "${@:3}"); }
-pair() {  # pair NAME "A_CMD" "B_CMD": two runs side by side
-  T=150 fits 150 $2 &
-  local p=$!
-  T=150 fits 150 $3 &
-  wait $p $!
-}
-pair aco "ours aco_g0 0 $ACO --compile.loss" "ref aco_g1 1 $ACO --model.flavor 1B"
-pair aco "ours aco_g1 1 $ACO --compile.loss" "ref aco_g0 0 $ACO --model.flavor 1B"
-pair f8 "ours f8_g0 0 $ACO --compile.loss --float8.enable" "ref f8_g1 1 $ACO --model.flavor 1B $REF_F8"
-pair f8 "ours f8_g1 1 $ACO --compile.loss --float8.enable" "ref f8_g0 0 $ACO --model.flavor 1B $REF_F8"
-pair ab "base aco_g0 0 $ACO --compile.loss" "ours new_aco_g1 1 $ACO --compile.loss"
-pair ab "base aco_g1 1 $ACO --compile.loss" "ours new_aco_g0 0 $ACO --compile.loss"
+pair "ours aco_g0 0 $ACO --compile.loss" "ref aco_g1 1 $ACO --model.flavor 1B"
+pair "ours aco_g1 1 $ACO --compile.loss" "ref aco_g0 0 $ACO --model.flavor 1B"
+pair "ours f8_g0 0 $ACO --compile.loss --float8.enable" "ref f8_g1 1 $ACO --model.flavor 1B $REF_F8"
+pair "ours f8_g1 1 $ACO --compile.loss --float8.enable" "ref f8_g0 0 $ACO --model.flavor 1B $REF_F8"
+pair "base aco_g0 0 $ACO --compile.loss" "ours new_aco_g1 1 $ACO --compile.loss"
+pair "base aco_g1 1 $ACO --compile.loss" "ours new_aco_g0 0 $ACO --compile.loss"
 for r in aco_g0 aco_g1 f8_g0 f8_g1; do windows $r; done
 for r in base_aco_g0 base_aco_g1 new_aco_g0 new_aco_g1; do echo "ours $r"; grep -E "INFO step +(10|20|30)/" $out/logs/ours_$r.log | cut -c1-170; done
 pack

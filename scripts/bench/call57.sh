@@ -7,24 +7,14 @@ source scripts/bench/lib.sh
 card
 export CONFIG_FILE=train_configs/llama3_1b.toml
 SAC2="--training.steps 30 --training.seq_len 8192 --compile.enable --training.local_batch_size 2"
-pair() {  # pair "A_CMD" "B_CMD": two runs side by side
-  T=150 fits 150 $1 &
-  local p=$!
-  T=150 fits 150 $2 &
-  wait $p $!
-}
 pair "ours sac_g0 0 $SAC2 --compile.loss $SAC" "ref sac_g1 1 $SAC2 --model.flavor 1B"
 pair "ours sac_g1 1 $SAC2 --compile.loss $SAC" "ref sac_g0 0 $SAC2 --model.flavor 1B"
 for r in sac_g0 sac_g1; do windows $r; done
 TP="--training.steps 20 --training.seq_len 8192 --compile.enable --training.local_batch_size 2 --parallelism.tensor_parallel_degree 2"
 T=120 fits 120 ours tp2 0,1 $TP --compile.loss
 grep -E "INFO step +(1|10|20)/" $out/logs/ours_tp2.log | cut -c1-170
-blk() {  # blk NAME GPU ARGS...
-  local name=$1 gpu=$2; shift 2
-  CUDA_VISIBLE_DEVICES=$gpu TORCHINDUCTOR_CACHE_DIR=/tmp/ic_$name PYTHONPATH=$site:$root timeout 150 \
-    python3 scripts/bench/block_step.py "$@" > $out/logs/blk_$name.log 2>&1
-  echo "== $name rc=$?"; grep -A${TOP:-6} "forward+backward" $out/logs/blk_$name.log | cut -c1-160
-}
+SHOW=6
+blk() { block_step $1 $2 ours "${@:3}"; }  # blk NAME GPU ARGS...: our block
 (
   fits 80 blk f8_pairs32 0 --float8 --rope pairs --residual float32
   fits 80 blk f8_swap32 0 --float8 --rope swap --residual float32

@@ -5,18 +5,8 @@
 # block's generated code comes back for reading.
 source scripts/bench/lib.sh
 card
-blk() {  # blk NAME ARGS...: one block_step.py run on GPU 0
-  local name=$1; shift
-  CUDA_VISIBLE_DEVICES=0 TORCHINDUCTOR_CACHE_DIR=/tmp/ic_$name PYTHONPATH=$site:$root timeout 150 \
-    python3 scripts/bench/block_step.py --top ${TOP:-40} "$@" > $out/logs/blk_$name.log 2>&1
-  echo "== $name rc=$?"; grep -A8 "forward+backward" $out/logs/blk_$name.log | cut -c1-160
-}
-blkref() {  # blkref NAME ARGS...: the reference's block
-  local name=$1; shift
-  CUDA_VISIBLE_DEVICES=0 TORCHINDUCTOR_CACHE_DIR=/tmp/ic_$name PYTHONPATH=$site:$peer/torchtitan timeout 150 \
-    python3 scripts/bench/block_step.py --impl ref --top ${TOP:-40} "$@" > $out/logs/blk_$name.log 2>&1
-  echo "== $name rc=$?"; grep -A8 "forward+backward" $out/logs/blk_$name.log | cut -c1-160
-}
+blk() { block_step $1 0 ours --top 40 "${@:2}"; }  # blk NAME ARGS...: our block on GPU 0
+blkref() { block_step $1 0 ref --top 40 "${@:2}"; }  # blkref NAME ARGS...: the reference's
 fits 90 blk f8 --float8
 (cd /tmp/ic_f8 && find . -name '*.py' | tar czf $out/f8_code.tgz -T -)
 fits 90 blkref ref_f8 --float8

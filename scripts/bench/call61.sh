@@ -5,12 +5,8 @@
 # after the other on the same GPU; ours untuned last if time is left.
 source scripts/bench/lib.sh
 card
-blk() {  # blk NAME ARGS...: one block_step.py run on GPU 0
-  local name=$1; shift
-  CUDA_VISIBLE_DEVICES=0 TORCHINDUCTOR_CACHE_DIR=/tmp/ic_$name PYTHONPATH=$site:$root timeout 150 \
-    python3 scripts/bench/block_step.py --top 30 "$@" > $out/logs/blk_$name.log 2>&1
-  echo "== $name rc=$?"; grep -A6 "forward+backward" $out/logs/blk_$name.log | grep -v -i warn | cut -c1-160
-}
+SHOW=6
+blk() { block_step $1 0 ours --top 30 "${@:2}"; }  # blk NAME ARGS...: our block on GPU 0
 fits 70 blk f8 --float8
 fits 70 blk f8_fused --float8 --fuse
 fits 70 blk bf

@@ -5,13 +5,7 @@ source scripts/bench/lib.sh
 card
 export CONFIG_FILE=train_configs/llama3_1b.toml
 SAC2="--training.steps 30 --training.seq_len 8192 --compile.enable --training.local_batch_size 2"
-pair() {  # pair "A_CMD" "B_CMD": two runs side by side
-  T=200 fits 200 $1 &
-  local p=$!
-  T=200 fits 200 $2 &
-  wait $p $!
-}
-pair "ours sac_g0 0 $SAC2 --compile.loss $SAC --compile.tune_kernels" "ref sac_g1 1 $SAC2 --model.flavor 1B"
-pair "ours sac_g1 1 $SAC2 --compile.loss $SAC --compile.tune_kernels" "ref sac_g0 0 $SAC2 --model.flavor 1B"
+T=200 pair "ours sac_g0 0 $SAC2 --compile.loss $SAC --compile.tune_kernels" "ref sac_g1 1 $SAC2 --model.flavor 1B"
+T=200 pair "ours sac_g1 1 $SAC2 --compile.loss $SAC --compile.tune_kernels" "ref sac_g0 0 $SAC2 --model.flavor 1B"
 for r in sac_g0 sac_g1; do windows $r; done
 pack

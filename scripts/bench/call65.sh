@@ -5,13 +5,9 @@
 # one compiled 8B block (scripts/bench/block_step.py), one after the other on GPU 0.
 source scripts/bench/lib.sh
 card
-blk() {  # blk NAME ARGS...: one block_step.py run of our 8B block on GPU 0
-  local name=$1; shift
-  CUDA_VISIBLE_DEVICES=0 TORCHINDUCTOR_CACHE_DIR=/tmp/ic_$name PYTHONPATH=$site:$root timeout 120 \
-    python3 scripts/bench/block_step.py --flavor 8B --batch 1 --iters 30 --top 12 "$@" \
-    > $out/logs/blk_$name.log 2>&1
-  echo "== $name rc=$?"; grep -A18 "forward+backward" $out/logs/blk_$name.log | grep -v -i warn | cut -c1-150
-}
+T=120 SHOW=18
+# blk NAME ARGS...: our 8B block on GPU 0
+blk() { block_step $1 0 ours --flavor 8B --batch 1 --iters 30 --top 12 "${@:2}"; }
 fits 45 blk f8 --float8
 fits 45 blk f8_nd --float8 --inductor triton.prefer_nd_tiling=1
 fits 45 blk f8_nocoalesce --float8 --inductor triton.coalesce_tiling_analysis=0

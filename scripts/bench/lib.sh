@@ -29,6 +29,25 @@ ours() {
   echo "ours $name rc=$? :: $(grep -E 'INFO step +(20|30)/' $out/logs/ours_$name.log | sed 's/^\[rank0\]://' | tail -1)"
 }
 pack() { (cd $out && tar czf logs.tgz logs && rm -rf logs); }
+# pair "A_CMD" "B_CMD": two commands side by side (one GPU each), each only if T seconds (default
+# 150) are left before the deadline, and stopped after them.
+pair() {
+  local t=${T:-150}
+  T=$t fits $t $1 &
+  local p=$!
+  T=$t fits $t $2 &
+  wait $p $!
+}
+# block_step NAME GPU IMPL ARGS...: scripts/bench/block_step.py (IMPL ours or ref) on one GPU,
+# stopped after T seconds (default 150); prints its timing line and the SHOW (default 8) after it.
+block_step() {
+  local name=$1 gpu=$2 impl=$3 path=$root; shift 3
+  [ $impl = ref ] && path=$peer/torchtitan
+  CUDA_VISIBLE_DEVICES=$gpu TORCHINDUCTOR_CACHE_DIR=/tmp/ic_$name PYTHONPATH=$site:$path timeout ${T:-150} \
+    python3 $root/scripts/bench/block_step.py --impl $impl "$@" > $out/logs/blk_$name.log 2>&1
+  echo "== $name rc=$?"
+  grep -A${SHOW:-8} "forward+backward" $out/logs/blk_$name.log | grep -v -i warn | cut -c1-160
+}
 # gpu_test NAME GPUS FILE: pytest FILE (tests/gpu/) on the listed GPUs, output to $out/logs/NAME.log.
 gpu_test() {
   CUDA_VISIBLE_DEVICES=$2 PYTHONPATH=$site:$root timeout ${T:-300} python3 -m pytest -q -s -p no:cacheprovider \
