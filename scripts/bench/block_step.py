@@ -14,12 +14,12 @@ reductions and pointwise kernels) and its kernels longest first, so two variants
 after the other on the same GPU compare kernel by kernel.
 
 ``--impl ref`` times the reference framework's block instead (run with ``.peer/torchtitan``
-first on PYTHONPATH in place of this repository). ``--rope`` replaces the model's RoPE with one
-of the formulations in this file, all the same rotation: ``pairs`` (the pairs unbound, rotated
-and stacked back: the model's form before finding 23), ``swap`` (x times the cosines plus the
-pair-swapped x times the signed sines: the model's form since, the default), ``complex`` (each
-pair as one complex number times the complex angle).
-Inductor settings come from the environment (``TORCHINDUCTOR_*``).
+first on PYTHONPATH in place of this repository). ``--rope`` picks the RoPE formulation, all
+the same rotation: ``pairs`` (the pairs unbound, rotated and stacked back: the model's form
+before finding 23), ``swap`` (x times the cosines plus the pair-swapped x times the signed sines:
+the model's own apply_rope, the default), ``complex`` (each pair as one complex number times the
+complex angle). Inductor settings come from the environment (``TORCHINDUCTOR_*``) and from
+``--inductor KEY=VALUE``.
 """
 
 from __future__ import annotations
@@ -40,20 +40,6 @@ def rope_pairs(xq, xk, rope_cache):
         return (
             torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1).flatten(-2).type_as(x)
         )
-
-    return rotate(xq), rotate(xk)
-
-
-def rope_swap(xq, xk, rope_cache):
-    seqlen = xq.shape[1]
-    cos, sin = rope_cache[:seqlen].float().chunk(2, dim=-1)
-    cos2 = cos.repeat_interleave(2, dim=-1)[None, :, None, :]
-    sin2 = torch.stack([-sin, sin], dim=-1).flatten(-2)[None, :, None, :]
-
-    def rotate(x):
-        xf = x.float()
-        swapped = xf.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
-        return (xf * cos2 + swapped * sin2).type_as(x)
 
     return rotate(xq), rotate(xk)
 
@@ -115,7 +101,8 @@ def ours_block(args):
     from torchtitan.models.llama3 import model as llama
     from torchtitan.models.llama3.args import get_model_args
 
-    llama.apply_rope = {"pairs": rope_pairs, "swap": rope_swap, "complex": rope_complex}[args.rope]
+    forms = {"pairs": rope_pairs, "swap": llama.apply_rope, "complex": rope_complex}
+    llama.apply_rope = forms[args.rope]
     margs = get_model_args(args.flavor, max_seq_len=args.seq)
     block = llama.TransformerBlock(0, margs)
     block.init_weights()
