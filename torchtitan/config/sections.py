@@ -357,6 +357,17 @@ class Float8(Section):
     emulate: bool = opt(
         False, "float8 numerics with high-precision matmuls: CPU, older GPUs, tests (slow)"
     )
+    own_backward: bool = opt(
+        True,
+        "tensorwise: our backward for the float8 linears (the forward's input scale reused; "
+        "tiled_cast_fqns' input cast in a kernel of our own): torchao's bits, faster "
+        "(docs/float8.md); false: torchao's backward",
+    )
+    tiled_cast_fqns: list[str] = opt(
+        ["attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3"],
+        "with own_backward: linears (FQN contains one) whose weight gradient's float8 input is "
+        "cast in a tiled kernel, not inside the backward of the norm that feeds them",
+    )
 
     def validate(self) -> None:
         super().validate()

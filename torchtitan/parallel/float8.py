@@ -168,6 +168,8 @@ def apply_float8(model: nn.Module, cfg: Float8, fsdp_sharded: bool = False) -> F
         module_filter_fn=keep_or_convert,
         config=float8_linear_config(cfg, fsdp_sharded),
     )
+    if cfg.recipe == "tensorwise" and cfg.own_backward:
+        use_own_backward(model, cfg.tiled_cast_fqns)
     conversion = Float8Conversion(converted, skipped)
     logger.info(conversion.summary(cfg))
     if not converted:
@@ -176,6 +178,19 @@ def apply_float8(model: nn.Module, cfg: Float8, fsdp_sharded: bool = False) -> F
             "and --float8.skip_small)"
         )
     return conversion
+
+
+def use_own_backward(model: nn.Module, tiled_cast_fqns: Iterable[str]) -> None:
+    """Make ``model``'s float8 linears run our tensorwise backward (float8_matmul.py), the
+    input cast tiled in those whose FQN contains one of ``tiled_cast_fqns``."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    from torchtitan.parallel.float8_matmul import Float8TensorwiseLinear
+
+    for fqn, module in model.named_modules():
+        if type(module) is Float8Linear:
+            module.__class__ = Float8TensorwiseLinear
+            module.tiled_input_cast = any(name in fqn for name in tiled_cast_fqns)
 
 
 # --------------------------------------------------------------------------- TP and FSDP

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
-from torchao.float8.float8_linear import Float8Linear, matmul_with_hp_or_float8_args
+
+from torchtitan.parallel.float8_matmul import Float8TensorwiseLinear, float8_matmul
 
 
 def local_layout(input: DTensor, weight: DTensor):
@@ -27,8 +28,9 @@ def local_layout(input: DTensor, weight: DTensor):
     return None
 
 
-class ShardScaledFloat8Linear(Float8Linear):
-    """Scales each local shard by its own amax; any other layout runs torchao's forward."""
+class ShardScaledFloat8Linear(Float8TensorwiseLinear):
+    """Scales each local shard by its own amax; any other layout runs the parent's forward.
+    ``own_backward`` is set per module by ``scale_float8_by_shard``."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         weight = self.weight
@@ -40,11 +42,10 @@ class ShardScaledFloat8Linear(Float8Linear):
         if torch.is_autocast_enabled():  # as Float8Linear does: the output in autocast's dtype
             input = input.to(torch.get_autocast_gpu_dtype())
         input_grad_placement, output_placement = layout
-        local_out = matmul_with_hp_or_float8_args.apply(
+        local_out = float8_matmul(
             input.to_local(grad_placements=[input_grad_placement]),
             weight.to_local().t(),
-            self.linear_mm_config,
-            self.config,
+            self,
         )
         return DTensor.from_local(
             local_out, weight.device_mesh, [output_placement], run_check=False

@@ -38,12 +38,15 @@ def scale_float8_by_shard(model: nn.Module, blocks_attr: str = "layers") -> int:
     """Make the float8 linears of ``model``'s blocks scale their TP shards on their own (after
     TP, before compile and FSDP); returns how many were changed."""
     import_torchao_float8()
+    from torchtitan.parallel.float8_matmul import Float8TensorwiseLinear
     from torchtitan.parallel.float8_shard_scaled import ShardScaledFloat8Linear
 
     changed = 0
     for _, block in block_items(model, blocks_attr):
         for module in block.modules():
             if is_float8_linear(module) and isinstance(module.weight, DTensor):
+                if not isinstance(module, Float8TensorwiseLinear):  # keep torchao's backward
+                    module.own_backward = False
                 module.__class__ = ShardScaledFloat8Linear
                 changed += 1
     logger.info("float8 + TP: %d linears scale their TP shards on their own", changed)

@@ -1,0 +1,186 @@
+"""Our tensorwise float8 backward (torchtitan/parallel/float8_matmul.py) on CPU, emulated: the bits
+of torchao's Float8Linear, eager and compiled; which linears get it; falling back to torchao's
+function; and what the compiled block keeps for the backward (the memory claim of
+docs/float8.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import unittest.mock
+
+import pytest
+import torch
+import torch.nn as nn
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+from torchtitan.config import Float8
+from torchtitan.models.llama3 import Transformer, get_model_args
+from torchtitan.models.llama3 import model as llama
+from torchtitan.parallel.activation_checkpoint import apply_ac
+from torchtitan.parallel.float8 import apply_float8, import_torchao_float8
+
+EMULATED = Float8(enable=True, emulate=True, skip_small=False)
+NORM_FED = ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3")
+
+
+def two_linears(tiled: bool | None):
+    """Two float8 linears in a row: torchao's backward (``tiled`` None) or ours."""
+    ao = import_torchao_float8()
+    from torchtitan.parallel.float8_matmul import Float8TensorwiseLinear
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 96, bias=False), nn.Linear(96, 32, bias=False))
+    ao.convert_to_float8_training(model, config=ao.Float8LinearConfig(emulate=True))
+    if tiled is not None:
+        for linear in model:
+            linear.__class__ = Float8TensorwiseLinear
+            linear.tiled_input_cast = tiled
+    return model
+
+
+def step(model) -> list[torch.Tensor]:
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 48, 64, generator=gen, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(x)
+    out.backward(torch.randn(out.shape, generator=gen).bfloat16())
+    return [out, x.grad] + [p.grad for p in model.parameters()]
+
+
+@pytest.mark.parametrize("tiled", [True, False], ids=["tiled", "fused"])
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_the_bits_of_torchaos_float8_linear(compiled, tiled):
+    """Compiled, inductor may skip a bf16 rounding eager does (the autocast cast before the amax),
+    depending on how the graph is fused; rounding like eager, the bits must agree."""
+    want = step(two_linears(None))
+    ours = two_linears(tiled)
+    with unittest.mock.patch("torch._inductor.config.emulate_precision_casts", True):
+        got = step(torch.compile(ours) if compiled else ours)
+    for name, w, g in zip(["out", "x.grad", "w1.grad", "w2.grad"], want, got):
+        assert torch.equal(g, w), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_the_cast_operator_is_torchaos_cast_transposed(dtype):
+    import_torchao_float8()
+    from torchao.float8.float8_training_tensor import hp_tensor_and_scale_to_float8
+
+    from torchtitan.parallel.float8_transposed_cast import float8_cast_transposed
+
+    x = (torch.randn(100, 72, generator=torch.Generator().manual_seed(0)) * 300).bfloat16()
+    x[0, :3] = torch.tensor([float("inf"), -1e6, 0.0])
+    scale = torch.tensor(3.7)
+    for operand in (x, x[:, 5:45]):
+        want = hp_tensor_and_scale_to_float8(operand, scale, dtype)._data
+        got = float8_cast_transposed(operand, scale, dtype)
+        assert got.shape == (operand.shape[1], operand.shape[0]) and got.is_contiguous()
+        assert torch.equal(got.t().view(torch.uint8), want.view(torch.uint8))
+
+
+def block_linears(cfg: Float8) -> dict[str, nn.Module]:
+    with torch.device("meta"):
+        model = Transformer(get_model_args("debugmodel", max_seq_len=32))
+    apply_float8(model, cfg)
+    return {fqn: m for fqn, m in model.layers["0"].named_modules() if isinstance(m, nn.Linear)}
+
+
+def test_every_tensorwise_linear_gets_our_backward_and_the_norm_fed_ones_the_tiled_cast():
+    from torchtitan.parallel.float8_matmul import Float8TensorwiseLinear
+
+    linears = block_linears(EMULATED)
+    assert all(type(m) is Float8TensorwiseLinear for m in linears.values())
+    tiled = {fqn for fqn, m in linears.items() if m.tiled_input_cast}
+    assert tiled == set(NORM_FED)
+    narrowed = block_linears(dataclasses.replace(EMULATED, tiled_cast_fqns=["w1"]))
+    assert {fqn for fqn, m in narrowed.items() if m.tiled_input_cast} == {"feed_forward.w1"}
+
+
+@pytest.mark.parametrize(
+    "changes", [{"own_backward": False}, {"recipe": "rowwise"}], ids=["turned off", "rowwise"]
+)
+def test_torchaos_backward_when_turned_off_or_not_tensorwise(changes):
+    ao = import_torchao_float8()
+    linears = block_linears(dataclasses.replace(EMULATED, **changes))
+    assert all(type(m) is ao.float8_linear.Float8Linear for m in linears.values())
+
+
+def test_inputs_already_in_float8_go_to_torchaos_function(monkeypatch):
+    """TP's float8 styles hand the linears float8 activations: torchao's function takes those."""
+    import torchao.float8.float8_linear as ao_linear
+    from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
+
+    from torchtitan.parallel import float8_matmul
+
+    calls = []
+    original = ao_linear.matmul_with_hp_or_float8_args.apply
+    monkeypatch.setattr(
+        float8_matmul.matmul_with_hp_or_float8_args,
+        "apply",
+        lambda *args: calls.append(args) or original(*args),
+    )
+    linear = two_linears(tiled=True)[0]
+    x = torch.randn(4, 64)
+    linear(x)
+    assert not calls
+    linear(hp_tensor_to_float8_dynamic(x, torch.float8_e4m3fn, linear.linear_mm_config))
+    assert len(calls) == 1
+
+
+def saved_for_backward(own_backward: bool, ac: str) -> dict[str, int]:
+    """Compile one debug-model block (inductor's partitioner, no inductor codegen): the bytes the
+    forward keeps for the backward and where the tiled casts run."""
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = Transformer(get_model_args("debugmodel", max_seq_len=256))
+    apply_float8(model, dataclasses.replace(EMULATED, own_backward=own_backward))
+    apply_ac(model, ac, "op", save_matmuls="alternate")
+    block = model.layers["0"].to_empty(device="cpu")
+    block.init_weights()
+    args = get_model_args("debugmodel", max_seq_len=256)
+    rope = llama.precompute_rope_cache(args.head_dim, 256, args.rope_theta)
+    found = {}
+
+    def casts(gm) -> int:
+        calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+        return sum("float8_cast_transposed" in str(n.target) for n in calls)
+
+    def forward(gm, _):
+        saved = list(gm.graph.find_nodes(op="output"))[0].args[0][1:]
+        found["saved"] = sum(_bytes(n.meta.get("val")) for n in saved)
+        found["forward casts"] = casts(gm)
+        return gm
+
+    def backward(gm, _):
+        found["backward casts"] = casts(gm)
+        return gm
+
+    partition = functools.partial(min_cut_rematerialization_partition, compiler="inductor")
+    backend = aot_autograd(fw_compiler=forward, bw_compiler=backward, partition_fn=partition)
+    compiled = torch.compile(block, backend=backend, fullgraph=True)
+    x = torch.randn(2, 256, args.dim, requires_grad=True).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        compiled(x, rope).float().sum().backward()
+    return found
+
+
+def _bytes(value) -> int:
+    return value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 0
+
+
+@pytest.mark.parametrize("ac", ["none", "selective", "full"])
+def test_what_the_compiled_block_keeps_for_the_backward(ac):
+    """Without AC the two norm outputs' float8 casts run once each in the forward and are kept (1
+    byte per element: 2 x 512 tokens x 256 more than torchao's backward keeps, give or take its
+    scalar scales); under AC they run in the backward's recompute and nothing more is kept."""
+    ours, torchao = saved_for_backward(True, ac), saved_for_backward(False, ac)
+    extra = ours["saved"] - torchao["saved"]
+    if ac == "none":
+        assert (ours["forward casts"], ours["backward casts"]) == (2, 0)
+        assert 2 * 512 * 256 <= extra <= 2 * 512 * 256 + 64
+    else:
+        assert (ours["forward casts"], ours["backward casts"]) == (0, 2)
+        assert 0 <= extra <= 64
+    assert torchao["forward casts"] == torchao["backward casts"] == 0
