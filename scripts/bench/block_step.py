@@ -1,17 +1,22 @@
 """Time one compiled Llama 3 block, forward and backward, as the one-GPU trainer runs it.
 
     python scripts/bench/block_step.py [--impl ours|ref] [--rope pairs|swap|complex] [--float8]
-        [--residual float32|bfloat16] [--fuse] [--inductor KEY=VALUE ...] [--flavor 1B]
-        [--batch 4] [--seq 8192] [--iters 20] [--top 20]
+        [--torchao-backward | --tiled-cast FQN ...] [--residual float32|bfloat16] [--fuse]
+        [--ac none|selective|full] [--params float32|bfloat16] [--inductor KEY=VALUE ...]
+        [--flavor 1B] [--batch 4] [--seq 8192] [--iters 20] [--top 20]
 
-fp32 parameters under bf16 autocast; a block input that needs its gradient, in the residual
-stream's dtype (float32: the embedding's output under autocast, as the model passed it before
-docs/performance.md finding 23; bfloat16, the default: what it passes since); the block compiled
-alone with ``fullgraph=True`` (the trainer compiles each block so); optionally every linear
-converted to torchao's tensorwise Float8Linear. Prints the median milliseconds of one forward +
-backward (CUDA events), the kernel time of one traced step by category (matmul, attention, inductor
-reductions and pointwise kernels) and its kernels longest first, so two variants run one
-after the other on the same GPU compare kernel by kernel.
+fp32 parameters under bf16 autocast (the one-GPU trainer; ``--params bfloat16``: bf16 parameters
+without autocast, what the blocks compute with under FSDP's mixed precision); a block input that
+needs its gradient, in the residual stream's dtype (float32: the embedding's output under autocast,
+as the model passed it before docs/performance.md finding 23; bfloat16, the default: what it passes
+since); the block compiled alone with ``fullgraph=True`` (the trainer compiles each block so);
+optionally every linear converted to tensorwise float8 (ours: as the trainer converts them, with
+our backward unless ``--torchao-backward``; ``--tiled-cast`` replaces ``--float8.tiled_cast_fqns``;
+ref: torchao's Float8Linear). Prints the median milliseconds of one forward + backward (CUDA
+events), the peak memory allocated above the inputs, the kernel time of one traced step by category
+(matmul, attention, inductor reductions and pointwise kernels) and its kernels longest first, so
+two variants run one after the other on the same GPU compare kernel by kernel. ``--ac`` wraps the
+block as the trainer's activation checkpointing does (selective: ours, every other matmul kept).
 
 ``--impl ref`` times the reference framework's block instead (run with ``.peer/torchtitan``
 first on PYTHONPATH in place of this repository). ``--rope`` picks the RoPE formulation, all
@@ -25,6 +30,7 @@ complex angle). Inductor settings come from the environment (``TORCHINDUCTOR_*``
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import torch
 from cuda_timing import median_ms
@@ -130,10 +136,25 @@ def ref_block(args):
 def build(args):
     with torch.device(args.device), torch.no_grad():
         block, rope, dim = (ref_block if args.impl == "ref" else ours_block)(args)
-    if args.float8:
+    if args.float8 and args.impl == "ours":  # as the trainer converts them
+        from torchtitan.config import Float8
+        from torchtitan.parallel.float8 import apply_float8
+
+        cfg = Float8(enable=True, emulate=args.device == "cpu", filter_fqns=[])
+        cfg = dataclasses.replace(cfg, own_backward=not args.torchao_backward)
+        if args.tiled_cast is not None:
+            cfg = dataclasses.replace(cfg, tiled_cast_fqns=args.tiled_cast)
+        apply_float8(block, cfg)
+    elif args.float8:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
         convert_to_float8_training(block, config=Float8LinearConfig(emulate=args.device == "cpu"))
+    if args.params == "bfloat16":  # what FSDP's mixed precision computes with
+        block.to(torch.bfloat16)
+    if args.ac != "none":  # as the trainer wraps each block (ours and the reference's alike)
+        from torchtitan.parallel.activation_checkpoint import _wrap
+
+        block = _wrap(block, selective=args.ac == "selective", save_matmuls="alternate")
     compiled = torch.compile(block, fullgraph=True)
     masks = (None,) if args.impl == "ref" else ()  # the reference's block takes attention masks
     return (lambda x: compiled(x, rope, *masks)), dim
@@ -162,7 +183,7 @@ def step_fn(args):
     x.requires_grad_()
     grad = torch.randn(args.batch, args.seq, dim, device=args.device, generator=gen) * 1e-3
     grad = grad.to(dtype)
-    autocast = torch.autocast(args.device, dtype=torch.bfloat16)
+    autocast = torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.params == "float32")
 
     def step():
         with autocast:
@@ -197,6 +218,15 @@ def by_category(kernels: list[tuple[float, int, str]]) -> dict[str, tuple[float,
     return {label: (ms, n) for label, (ms, n) in sorted(sums.items(), key=lambda kv: -kv[1][0])}
 
 
+def peak_gib(step) -> float:
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**30
+
+
 def all_kernels(step) -> list[tuple[float, int, str]]:
     from torch.profiler import ProfilerActivity, profile
 
@@ -218,6 +248,29 @@ def main() -> None:
     p.add_argument("--rope", choices=["pairs", "swap", "complex"], default="swap")
     p.add_argument("--residual", choices=["float32", "bfloat16"], default="bfloat16")
     p.add_argument("--float8", action="store_true")
+    p.add_argument(
+        "--torchao-backward",
+        action="store_true",
+        help="ours, float8: torchao's backward (--float8.own_backward false)",
+    )
+    p.add_argument(
+        "--tiled-cast",
+        nargs="*",
+        metavar="FQN",
+        help="ours, float8: --float8.tiled_cast_fqns (none given: no linear)",
+    )
+    p.add_argument(
+        "--ac",
+        choices=["none", "selective", "full"],
+        default="none",
+        help="checkpoint the block: our selective-op policy keeping every other matmul, or full",
+    )
+    p.add_argument(
+        "--params",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="float32 under bf16 autocast (one GPU), or bfloat16 without autocast (FSDP)",
+    )
     p.add_argument("--fuse", action="store_true", help="wq/wk/wv and w1/w3 as one linear each")
     p.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--flavor", default="1B")
@@ -232,12 +285,17 @@ def main() -> None:
         step()
     label = f"{args.impl} rope={args.rope if args.impl == 'ours' else 'complex(ref)'}"
     label += (" float8" if args.float8 else " bf16") + f" residual={args.residual}"
+    label += " torchao backward" if args.torchao_backward else ""
+    label += f" tiled cast {args.tiled_cast}" if args.tiled_cast is not None else ""
     label += " fused projections" if args.fuse else ""
+    label += f" ac={args.ac}" if args.ac != "none" else ""
+    label += " bf16 params" if args.params == "bfloat16" else ""
     label += "".join(f" {option}" for option in args.inductor)
     if args.device == "cpu":
         print(f"{label}: ran on CPU (no timing)")
         return
     print(f"{label}: {median_ms(step, args.iters):.3f} ms forward+backward (median)")
+    print(f"  peak memory above the inputs {peak_gib(step):.2f} GiB")
     kernels = all_kernels(step)
     for kind, (ms, n) in by_category(kernels).items():
         print(f"  {kind:20s} {ms:8.3f} ms in {n} kernels")
