@@ -184,3 +184,55 @@ def test_what_the_compiled_block_keeps_for_the_backward(ac):
         assert (ours["forward casts"], ours["backward casts"]) == (0, 2)
         assert 0 <= extra <= 64
     assert torchao["forward casts"] == torchao["backward casts"] == 0
+
+
+@pytest.mark.parametrize("layout", ["fsdp", "tp"])
+def test_our_backward_runs_under_fsdp_float8_all_gather_and_tp_shard_scales(
+    layout, tmp_path, monkeypatch
+):
+    """FSDP2 hands the linears plain (or, with float8 all-gather, float8) unsharded weights, and
+    TP's shard-scaled linears their local shards: none of them is a DTensor, so every block linear
+    runs our function, not torchao's (one-rank gloo meshes; across ranks the parity runs of
+    tests/distributed/test_float8.py train through the same path)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from torchtitan.parallel import float8_matmul
+    from torchtitan.parallel.float8_tp import scale_float8_by_shard
+    from torchtitan.parallel.fsdp import apply_fsdp
+    from torchtitan.parallel.llama import llama_block_plan, llama_root_plan
+    from torchtitan.parallel.tensor_parallel import apply_tp
+
+    calls = {"ours": 0, "torchao": 0}
+
+    def counted(name, apply):
+        def wrapper(*args):
+            calls[name] += 1
+            return apply(*args)
+
+        return wrapper
+
+    ours, torchao = (
+        float8_matmul.TensorwiseFloat8Matmul,
+        float8_matmul.matmul_with_hp_or_float8_args,
+    )
+    monkeypatch.setattr(ours, "apply", counted("ours", ours.apply))
+    monkeypatch.setattr(torchao, "apply", counted("torchao", torchao.apply))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = Transformer(get_model_args("debugmodel", max_seq_len=32))
+        model.init_weights()
+        mesh = init_device_mesh("cpu", (1,))
+        if layout == "fsdp":
+            cfg = dataclasses.replace(EMULATED, fsdp_float8_all_gather=True)
+            apply_float8(model, cfg, fsdp_sharded=True)
+            apply_fsdp(model, mesh, param_dtype=torch.bfloat16)
+        else:
+            apply_float8(model, EMULATED)
+            apply_tp(model, mesh, llama_root_plan(False), llama_block_plan())
+            scale_float8_by_shard(model)
+        model(torch.randint(256, (2, 32))).float().square().mean().backward()
+    finally:
+        dist.destroy_process_group()
+    assert calls == {"ours": 7 * len(model.layers), "torchao": 0}
