@@ -80,9 +80,13 @@ def test_the_cast_operator_is_torchaos_cast_transposed(dtype):
         assert torch.equal(got.t().view(torch.uint8), want.view(torch.uint8))
 
 
-def block_linears(cfg: Float8) -> dict[str, nn.Module]:
+def meta_model() -> Transformer:
     with torch.device("meta"):
-        model = Transformer(get_model_args("debugmodel", max_seq_len=32))
+        return Transformer(get_model_args("debugmodel", max_seq_len=32))
+
+
+def block_linears(cfg: Float8) -> dict[str, nn.Module]:
+    model = meta_model()
     apply_float8(model, cfg)
     return {fqn: m for fqn, m in model.layers["0"].named_modules() if isinstance(m, nn.Linear)}
 
@@ -96,6 +100,14 @@ def test_every_tensorwise_linear_gets_our_backward_and_the_norm_fed_ones_the_til
     assert tiled == set(NORM_FED)
     narrowed = block_linears(dataclasses.replace(EMULATED, tiled_cast_fqns=["w1"]))
     assert {fqn for fqn, m in narrowed.items() if m.tiled_input_cast} == {"feed_forward.w1"}
+
+
+def test_the_conversion_line_names_the_tiled_linears():
+    summary = apply_float8(meta_model(), EMULATED).summary(EMULATED)
+    tiled = ", ".join(f"layers.*.{name}" for name in NORM_FED)
+    assert summary.endswith(f"; our tensorwise backward, input cast tiled in: {tiled}")
+    off = dataclasses.replace(EMULATED, own_backward=False)
+    assert "backward" not in apply_float8(meta_model(), off).summary(off)
 
 
 @pytest.mark.parametrize(

@@ -132,6 +132,7 @@ class Float8Conversion:
 
     converted: list[str]
     skipped: dict[str, str]  # FQN -> reason
+    tiled: list[str] = dataclasses.field(default_factory=list)  # our backward, tiled input cast
 
     def summary(self, cfg: Float8) -> str:
         kept: dict[str, str] = {}
@@ -139,10 +140,14 @@ class Float8Conversion:
             kept.setdefault(_pattern(fqn), reason)
         listing = ", ".join(f"{name} ({reason})" for name, reason in kept.items()) or "none"
         mode = f"{cfg.recipe}{', emulated' if cfg.emulate else ''}"
-        return (
+        line = (
             f"float8 ({mode}): {len(self.converted)} linears converted; kept in high "
             f"precision: {listing}"
         )
+        if cfg.recipe == "tensorwise" and cfg.own_backward:
+            tiled = ", ".join(dict.fromkeys(map(_pattern, self.tiled))) or "none"
+            line += f"; our tensorwise backward, input cast tiled in: {tiled}"
+        return line
 
 
 def apply_float8(model: nn.Module, cfg: Float8, fsdp_sharded: bool = False) -> Float8Conversion:
@@ -168,9 +173,10 @@ def apply_float8(model: nn.Module, cfg: Float8, fsdp_sharded: bool = False) -> F
         module_filter_fn=keep_or_convert,
         config=float8_linear_config(cfg, fsdp_sharded),
     )
+    tiled = []
     if cfg.recipe == "tensorwise" and cfg.own_backward:
-        use_own_backward(model, cfg.tiled_cast_fqns)
-    conversion = Float8Conversion(converted, skipped)
+        tiled = use_own_backward(model, cfg.tiled_cast_fqns)
+    conversion = Float8Conversion(converted, skipped, tiled)
     logger.info(conversion.summary(cfg))
     if not converted:
         logger.warning(
@@ -180,17 +186,21 @@ def apply_float8(model: nn.Module, cfg: Float8, fsdp_sharded: bool = False) -> F
     return conversion
 
 
-def use_own_backward(model: nn.Module, tiled_cast_fqns: Iterable[str]) -> None:
+def use_own_backward(model: nn.Module, tiled_cast_fqns: Iterable[str]) -> list[str]:
     """Make ``model``'s float8 linears run our tensorwise backward (float8_matmul.py), the
-    input cast tiled in those whose FQN contains one of ``tiled_cast_fqns``."""
+    input cast tiled in those whose FQN contains one of ``tiled_cast_fqns``; returns their FQNs."""
     from torchao.float8.float8_linear import Float8Linear
 
     from torchtitan.parallel.float8_matmul import Float8TensorwiseLinear
 
+    tiled = []
     for fqn, module in model.named_modules():
         if type(module) is Float8Linear:
             module.__class__ = Float8TensorwiseLinear
             module.tiled_input_cast = any(name in fqn for name in tiled_cast_fqns)
+            if module.tiled_input_cast:
+                tiled.append(fqn)
+    return tiled
 
 
 # --------------------------------------------------------------------------- TP and FSDP
