@@ -33,7 +33,7 @@ import argparse
 import dataclasses
 
 import torch
-from cuda_timing import median_ms
+from cuda_timing import median_ms, peak_gib
 
 
 def rope_pairs(xq, xk, rope_cache):
@@ -216,15 +216,6 @@ def by_category(kernels: list[tuple[float, int, str]]) -> dict[str, tuple[float,
         entry[0] += ms
         entry[1] += n
     return {label: (ms, n) for label, (ms, n) in sorted(sums.items(), key=lambda kv: -kv[1][0])}
-
-
-def peak_gib(step) -> float:
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    step()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 2**30
 
 
 def all_kernels(step) -> list[tuple[float, int, str]]:

@@ -15,22 +15,13 @@ from __future__ import annotations
 import argparse
 
 import torch
-from cuda_timing import median_ms
+from cuda_timing import median_ms, peak_gib
 
 from torchtitan import cross_entropy_kernels as kernels
 from torchtitan.inplace_loss import IGNORE_INDEX
 from torchtitan.loss import cross_entropy_sum
 
 CONFIGS = [(4096, 8), (8192, 8), (8192, 16), (16384, 16), (32768, 32)]
-
-
-def backward_peak(fn) -> float:
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    fn()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 2**30
 
 
 def compiled_standard(logits, labels, iters):
@@ -48,7 +39,7 @@ def compiled_standard(logits, labels, iters):
     forward_ms = median_ms(forward, iters, warmup=3)
     both_ms = median_ms(backward, iters, warmup=3)
     forward()
-    peak = backward_peak(lambda: torch.autograd.grad(state["loss"], leaf))
+    peak = peak_gib(lambda: torch.autograd.grad(state["loss"], leaf))
     return forward_ms, both_ms - forward_ms, peak
 
 
@@ -65,7 +56,7 @@ def in_place(logits, labels, iters, block, warps):
     forward()
     forward_ms = median_ms(forward, iters, warmup=3)
     backward_ms = median_ms(backward, iters, warmup=3)
-    return forward_ms, backward_ms, backward_peak(backward)
+    return forward_ms, backward_ms, peak_gib(backward)
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""The benchmark scripts' one timer: the median of CUDA-event timings of a callable."""
+"""The benchmark scripts' one timer (the median of CUDA-event timings of a callable) and one
+memory probe (the peak a call allocates above what was allocated before it)."""
 
 from __future__ import annotations
 
@@ -19,3 +20,13 @@ def median_ms(fn, iters: int, warmup: int = 0) -> float:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times[warmup:])
+
+
+def peak_gib(fn) -> float:
+    """GiB that one call of ``fn`` allocates at its peak above what was allocated before it."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**30
