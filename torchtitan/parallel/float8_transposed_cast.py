@@ -6,7 +6,8 @@ linear's input is a norm's output, the compiled backward recomputes that output 
 backward's row reduction, and inductor fuses the transposed cast into the same kernel, where
 every store is a single byte a whole row away from the next (8B Float8 block: 1.76 of 18 ms,
 docs/performance.md, finding 24). Behind this operator the norm output is written row-major and
-a tiled kernel transposes it (``float8_cast_kernel``, CUDA) or torch ops do (CPU and emulation).
+a tiled kernel transposes it (``float8_cast_kernel``, CUDA) or torchao's own cast and a transpose
+do (CPU and emulation).
 
 Where the compiled step runs it: the partitioner may not recompute an operator it does not know,
 so without activation checkpointing it runs the cast in the forward, once per norm output (the
@@ -24,6 +25,7 @@ import functools
 import importlib.util
 
 import torch
+from torchao.float8.float8_utils import to_fp8_saturated
 
 
 @torch.library.custom_op("torchtitan::float8_cast_transposed", mutates_args=())
@@ -37,18 +39,12 @@ def float8_cast_transposed(
         return kernel.cast_transposed(
             x if x.stride(1) == 1 else x.contiguous(), scale, float8_dtype
         )
-    return saturated_cast(x, scale, float8_dtype).t().contiguous()
+    return to_fp8_saturated(x.to(torch.float32) * scale, float8_dtype).t().contiguous()
 
 
 @float8_cast_transposed.register_fake
 def _(x: torch.Tensor, scale: torch.Tensor, float8_dtype: torch.dtype):
     return x.new_empty((x.shape[1], x.shape[0]), dtype=float8_dtype)
-
-
-def saturated_cast(x: torch.Tensor, scale: torch.Tensor, float8_dtype: torch.dtype):
-    """torchao's tensorwise cast in torch ops (``hp_tensor_and_scale_to_float8``'s numerics)."""
-    largest = torch.finfo(float8_dtype).max
-    return (x.to(torch.float32) * scale).clamp(-largest, largest).to(float8_dtype)
 
 
 def _kernel(x: torch.Tensor):
