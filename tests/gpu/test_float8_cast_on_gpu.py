@@ -1,5 +1,6 @@
 """Our tensorwise float8 backward on a GPU (torchtitan/parallel/float8_matmul.py): the tiled
-cast's Triton kernel writes the bits of torchao's cast, and two float8 linears with it compute
+cast's Triton kernel and the one-pass cast of FSDP's float8 all-gather write the bits of
+torchao's cast, and two float8 linears with it compute
 what torchao's Float8Linear computes in eager, bit for bit, eager and compiled.
 
 Compiled, inductor skips some bf16 roundings eager does (the autocast cast of the input before
@@ -36,6 +37,25 @@ def test_kernel_writes_the_bits_of_torchaos_cast():
             got = float8_cast_transposed(operand, scale, dtype)
             assert got.shape == operand.shape[::-1] and got.is_contiguous()
             assert torch.equal(got.t().view(torch.uint8), want.view(torch.uint8)), dtype
+
+
+def test_flat_kernel_writes_the_bits_of_torchaos_cast():
+    """The one-pass cast of FSDP's float8 all-gather (torchtitan/parallel/float8_all_gather.py)
+    against torchao's eager cast, float32 and bf16 shards, a size no multiple of the block."""
+    from torchao.float8.float8_training_tensor import hp_tensor_and_scale_to_float8
+
+    from torchtitan.parallel.float8_all_gather import cast_to_float8
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(1000, 4100, device="cuda", generator=g) * 80
+    x[0, :3] = torch.tensor([float("inf"), -1e6, 0.0])
+    scale = torch.tensor(2.9, device="cuda")
+    for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        for shard in (x, x.bfloat16(), x[1:]):
+            want = hp_tensor_and_scale_to_float8(shard, scale, dtype)._data
+            got = cast_to_float8(shard, scale, dtype)
+            assert got.shape == shard.shape
+            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (dtype, shard.dtype)
 
 
 def linears(tiled: bool):

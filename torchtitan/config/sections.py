@@ -335,6 +335,11 @@ class Float8(Section):
     precompute_scales: bool = opt(
         False, "with fsdp_float8_all_gather: one amax all-reduce per step for all weights"
     )
+    fused_all_gather_cast: bool = opt(
+        True,
+        "with precompute_scales: cast each weight shard to float8 for FSDP's all-gather in one "
+        "kernel of our own (torchao's bits, docs/float8.md); false: torchao's three eager kernels",
+    )
     tp_float8_all_gather: bool = opt(
         False,
         "tensorwise + TP on CUDA: all-gather activations in float8 (torchao's float8 TP styles; "

@@ -133,6 +133,7 @@ class Float8Conversion:
     converted: list[str]
     skipped: dict[str, str]  # FQN -> reason
     tiled: list[str] = dataclasses.field(default_factory=list)  # our backward, tiled input cast
+    fused_all_gather_casts: int = 0  # weights cast for FSDP's float8 all-gather by our kernel
 
     def summary(self, cfg: Float8) -> str:
         kept: dict[str, str] = {}
@@ -147,6 +148,11 @@ class Float8Conversion:
         if cfg.recipe == "tensorwise" and cfg.own_backward:
             tiled = ", ".join(dict.fromkeys(map(_pattern, self.tiled))) or "none"
             line += f"; our tensorwise backward, input cast tiled in: {tiled}"
+        if self.fused_all_gather_casts:
+            line += (
+                f"; {self.fused_all_gather_casts} weights cast for FSDP's float8 all-gather in "
+                "one kernel"
+            )
         return line
 
 
@@ -176,7 +182,12 @@ def apply_float8(model: nn.Module, cfg: Float8, fsdp_sharded: bool = False) -> F
     tiled = []
     if cfg.recipe == "tensorwise" and cfg.own_backward:
         tiled = use_own_backward(model, cfg.tiled_cast_fqns)
-    conversion = Float8Conversion(converted, skipped, tiled)
+    fused = 0
+    if cfg.fused_all_gather_cast and cfg.precompute_scales:
+        from torchtitan.parallel.float8_all_gather import use_fused_all_gather_cast
+
+        fused = use_fused_all_gather_cast(model)
+    conversion = Float8Conversion(converted, skipped, tiled, fused)
     logger.info(conversion.summary(cfg))
     if not converted:
         logger.warning(

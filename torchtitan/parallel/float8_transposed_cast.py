@@ -34,7 +34,7 @@ def float8_cast_transposed(
 ) -> torch.Tensor:
     """``x`` (rows x cols) times ``scale``, saturated to ``float8_dtype``, as a row-major
     (cols x rows) tensor: ``result.t()`` is the column-major float8 operand."""
-    kernel = _kernel(x)
+    kernel = kernel_module(x)
     if kernel is not None:
         return kernel.cast_transposed(
             x if x.stride(1) == 1 else x.contiguous(), scale, float8_dtype
@@ -47,7 +47,7 @@ def _(x: torch.Tensor, scale: torch.Tensor, float8_dtype: torch.dtype):
     return x.new_empty((x.shape[1], x.shape[0]), dtype=float8_dtype)
 
 
-def _kernel(x: torch.Tensor):
+def kernel_module(x: torch.Tensor):
     """The Triton kernel module for CUDA tensors when Triton is installed; None for the torch
     path. Not under Triton's CPU interpreter: it rounds some values to float8 differently from
     the GPU (126.7 to 64 instead of 128 in e4m3), so it cannot stand in for the kernel."""
