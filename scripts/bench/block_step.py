@@ -16,7 +16,8 @@ ref: torchao's Float8Linear). Prints the median milliseconds of one forward + ba
 events), the peak memory allocated above the inputs, the kernel time of one traced step by category
 (matmul, attention, inductor reductions and pointwise kernels) and its kernels longest first, so
 two variants run one after the other on the same GPU compare kernel by kernel. ``--ac`` wraps the
-block as the trainer's activation checkpointing does (selective: ours, every other matmul kept).
+block as each trainer's activation checkpointing does (selective: every other matmul kept, by our
+policy or by the reference's own).
 
 ``--impl ref`` times the reference framework's block instead (run with ``.peer/torchtitan``
 first on PYTHONPATH in place of this repository). ``--rope`` picks the RoPE formulation, all
@@ -151,13 +152,29 @@ def build(args):
         convert_to_float8_training(block, config=Float8LinearConfig(emulate=args.device == "cpu"))
     if args.params == "bfloat16":  # what FSDP's mixed precision computes with
         block.to(torch.bfloat16)
-    if args.ac != "none":  # as the trainer wraps each block (ours and the reference's alike)
-        from torchtitan.parallel.activation_checkpoint import _wrap
-
-        block = _wrap(block, selective=args.ac == "selective", save_matmuls="alternate")
+    if args.ac != "none":
+        block = wrap_ac(block, args)
     compiled = torch.compile(block, fullgraph=True)
     masks = (None,) if args.impl == "ref" else ()  # the reference's block takes attention masks
     return (lambda x: compiled(x, rope, *masks)), dim
+
+
+def wrap_ac(block, args):
+    """``block`` checkpointed as its trainer wraps each block: ours with every other matmul kept,
+    the reference with its own selective-op policy (every other matmul too) or full AC."""
+    if args.impl == "ours":
+        from torchtitan.parallel.activation_checkpoint import _wrap
+
+        return _wrap(block, selective=args.ac == "selective", save_matmuls="alternate")
+    # The reference's package (see the docstring).
+    from torchtitan.config.job_config import ActivationCheckpoint
+    from torchtitan.distributed import activation_checkpoint as ref_ac
+    from torchtitan.models.llama3.infra.parallelize import _op_sac_save_list
+
+    cfg = ActivationCheckpoint(mode=args.ac, selective_ac_option="op")
+    if args.ac == "full":
+        return ref_ac._apply_full_ac(block, cfg)
+    return ref_ac._apply_op_sac(block, cfg, op_sac_save_list=_op_sac_save_list)
 
 
 def set_inductor_options(options: list[str]) -> None:
