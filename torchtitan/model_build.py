@@ -22,6 +22,7 @@ from torchtitan.parallel.pipeline import (
     build_pipeline_stage,
     build_schedule,
     build_stage_module,
+    head_units,
     microbatch_count,
     plan_stages,
 )
@@ -64,7 +65,7 @@ def build_model_parts(
         model_args.flops_per_token(cfg.training.seq_len) / 1e9,
         cfg.training.seq_len,
         dims.describe(),
-        f", stages {plan.stage_ids} of {plan.num_stages}" if plan else "",
+        f", stages {plan.stage_ids} of {plan.num_stages} ({plan.describe()})" if plan else "",
         device,
         time.perf_counter() - start,
     )
@@ -89,6 +90,7 @@ def _build_pipeline(
         p.pipeline_parallel_stages_per_rank,
         p.pipeline_parallel_split_points,
         p.pipeline_parallel_layers_per_stage,
+        head_units(model_args, cfg.training.seq_len, cfg.activation_checkpoint.mode),
     )
     parts, stages = [], []
     for stage_id in plan.stage_ids:

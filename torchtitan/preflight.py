@@ -31,6 +31,7 @@ from torchtitan.parallel.float8 import check_float8
 from torchtitan.parallel.pipeline import (
     ZERO_BUBBLE,
     check_microbatches,
+    head_units,
     microbatch_count,
     plan_stages,
 )
@@ -113,6 +114,7 @@ def check_pipeline(cfg: JobConfig, model_args: ModelArgs, dims: ParallelDims) ->
             p.pipeline_parallel_stages_per_rank,
             p.pipeline_parallel_split_points,
             p.pipeline_parallel_layers_per_stage,
+            head_units(model_args, cfg.training.seq_len, cfg.activation_checkpoint.mode),
         )
         check_microbatches(schedule, n_microbatches, dims.pp, plan.num_stages)
     except ValueError as e:

@@ -1,7 +1,8 @@
 """Time one compiled Llama 3 block, forward and backward, as the one-GPU trainer runs it.
 
     python scripts/bench/block_step.py [--impl ours|ref] [--rope pairs|swap|complex] [--float8]
-        [--torchao-backward | --tiled-cast FQN ...] [--residual float32|bfloat16] [--fuse]
+        [--recipe tensorwise|rowwise|rowwise_with_gw_hp] [--torchao-backward | --tiled-cast FQN ...]
+        [--residual float32|bfloat16] [--fuse]
         [--ac none|selective|full] [--params float32|bfloat16] [--inductor KEY=VALUE ...]
         [--flavor 1B] [--batch 4] [--seq 8192] [--iters 20] [--top 20]
 
@@ -141,7 +142,7 @@ def build(args):
         from torchtitan.config import Float8
         from torchtitan.parallel.float8 import apply_float8
 
-        cfg = Float8(enable=True, emulate=args.device == "cpu", filter_fqns=[])
+        cfg = Float8(enable=True, emulate=args.device == "cpu", filter_fqns=[], recipe=args.recipe)
         cfg = dataclasses.replace(cfg, own_backward=not args.torchao_backward)
         if args.tiled_cast is not None:
             cfg = dataclasses.replace(cfg, tiled_cast_fqns=args.tiled_cast)
@@ -149,7 +150,9 @@ def build(args):
     elif args.float8:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-        convert_to_float8_training(block, config=Float8LinearConfig(emulate=args.device == "cpu"))
+        config = Float8LinearConfig.from_recipe_name(args.recipe)
+        config = dataclasses.replace(config, emulate=args.device == "cpu")
+        convert_to_float8_training(block, config=config)
     if args.params == "bfloat16":  # what FSDP's mixed precision computes with
         block.to(torch.bfloat16)
     if args.ac != "none":
@@ -193,6 +196,9 @@ def set_inductor_options(options: list[str]) -> None:
 
 def step_fn(args):
     set_inductor_options(args.inductor)
+    if args.float8 and args.recipe != "tensorwise" and args.ac != "none":
+        # Both trainers round like eager for rowwise under AC (docs/performance.md, finding 12).
+        torch._inductor.config.emulate_precision_casts = True
     block, dim = build(args)
     gen = torch.Generator(args.device).manual_seed(0)
     dtype = getattr(torch, args.residual)
@@ -256,6 +262,7 @@ def main() -> None:
     p.add_argument("--rope", choices=["pairs", "swap", "complex"], default="swap")
     p.add_argument("--residual", choices=["float32", "bfloat16"], default="bfloat16")
     p.add_argument("--float8", action="store_true")
+    p.add_argument("--recipe", choices=["tensorwise", "rowwise", "rowwise_with_gw_hp"])
     p.add_argument(
         "--torchao-backward",
         action="store_true",
@@ -288,11 +295,12 @@ def main() -> None:
     p.add_argument("--top", type=int, default=20)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args()
+    args.recipe = args.recipe or "tensorwise"
     step = step_fn(args)
     for _ in range(3):
         step()
     label = f"{args.impl} rope={args.rope if args.impl == 'ours' else 'complex(ref)'}"
-    label += (" float8" if args.float8 else " bf16") + f" residual={args.residual}"
+    label += (f" float8 {args.recipe}" if args.float8 else " bf16") + f" residual={args.residual}"
     label += " torchao backward" if args.torchao_backward else ""
     label += f" tiled cast {args.tiled_cast}" if args.tiled_cast is not None else ""
     label += " fused projections" if args.fuse else ""

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from torchtitan.models.llama3 import ModelArgs, Transformer
+from torchtitan.models.llama3 import ModelArgs, Transformer, get_model_args
 from torchtitan.parallel.activation_checkpoint import apply_ac
 from torchtitan.parallel.blocks import BlockOnAnotherStage, block_items
 from torchtitan.parallel.fsdp import apply_fsdp
@@ -15,21 +15,53 @@ from torchtitan.parallel.pipeline import (
     balanced_split,
     build_stage_module,
     check_microbatches,
+    head_units,
     plan_stages,
 )
 
 
-def test_balanced_split_counts_embedding_and_head():
-    # 6 layers + embedding + head = 8 units over 2 stages: 3 layers + emb, 3 layers + head
-    assert balanced_split(6, 2) == ((0, 1, 2), (3, 4, 5))
-    # over 8 stages: first holds only the embedding, last only the head
-    assert balanced_split(6, 8) == ((), (0,), (1,), (2,), (3,), (4,), (5,), ())
-    assert balanced_split(32, 4) == (
-        tuple(range(0, 8)),
-        tuple(range(8, 17)),
-        tuple(range(17, 25)),
-        tuple(range(25, 32)),
+def sizes(split):
+    return [len(stage) for stage in split]
+
+
+def test_balanced_split_weighs_the_head():
+    # A head of 1.2 blocks: 6 layers over 2 stages, the head's stage lighter (4 | 2 + 1.2)
+    assert balanced_split(6, 2, head=1.2) == ((0, 1, 2, 3), (4, 5))
+    # the old count (embedding and head one block each) is a choice of weights
+    assert balanced_split(6, 2, head=1, embedding=1) == ((0, 1, 2), (3, 4, 5))
+    # over 8 stages: the first holds only the embedding, the last only the head
+    assert balanced_split(6, 8, head=1.2) == ((), (0,), (1,), (2,), (3,), (4,), (5,), ())
+
+
+def test_balanced_split_evens_out_ranks_before_stages():
+    """8B at seq 8192: the head is 2.09 blocks. Interleaved over 2 ranks (stages 0, 2 | 1, 3),
+    8 | 9 | 8 | 7 + head left rank 1 with 17.1 blocks of work against rank 0's 16; 8 | 9 | 9 |
+    6 + head gives 17 and 17.1, with no stage over 9."""
+    interleaved = [0, 1, 0, 1]
+    assert sizes(balanced_split(32, 4, head=2.09, ranks=interleaved)) == [8, 9, 9, 6]
+    # one stage per rank: the busiest stage (9) is what counts; the fewest layers first
+    assert sizes(balanced_split(32, 4, head=2.09)) == [8, 9, 9, 6]
+    # V-shaped: rank 0 holds the first and the last stage (9 + 6 + head against 8 + 9)
+    assert sizes(balanced_split(32, 4, head=2.09, ranks=[0, 1, 1, 0])) == [9, 8, 9, 6]
+    # 1B (head 3.4 blocks) over 2 stages: 10 | 6 + head, not 8 | 8 + head
+    assert sizes(balanced_split(16, 2, head=3.38)) == [10, 6]
+
+
+def test_balanced_split_many_stages_stays_whole():
+    split = balanced_split(128, 64, head=2.0, ranks=[s % 8 for s in range(64)])
+    assert [layer for stage in split for layer in stage] == list(range(128))
+    assert all(stage for stage in split[1:-1])
+
+
+def test_head_units_from_the_model_shape():
+    args = get_model_args("8B")
+    assert head_units(args, 8192) == pytest.approx(
+        6 * 4096 * 128256 / (6 * args.block_params() + 6 * 4096 * 8192)
     )
+    assert head_units(args, 8192) == pytest.approx(2.087, abs=1e-3)
+    assert head_units(args, 8192, "full") == pytest.approx(head_units(args, 8192) * 3 / 4)
+    plan = plan_stages(32, 2, 0, "Interleaved1F1B", head_units=head_units(args, 8192))
+    assert sizes(plan.layers) == [8, 9, 9, 6]
 
 
 def test_stage_assignment_looped_and_v_shaped():

@@ -40,7 +40,7 @@ def test_debug_model_parameter_and_state_bytes():
     # block: wq, wo 256x256; wk, wv 256x64; w1, w2, w3 256x768; two norms of 256
     block = 2 * 256 * 256 + 2 * 256 * 64 + 3 * 256 * 768 + 2 * 256
     assert param_counts(DEBUG, 1).block == block == 754_176
-    full = rank_params(DEBUG, 1, rank_stages(6, Layout())[0])
+    full = rank_params(DEBUG, 1, rank_stages(workload(), Layout())[0])
     assert full == DEBUG.num_params() == 6 * block + 4096 * 256 * 2 + 256
     mem = estimate_memory(workload(), Layout(dp_shard=2)).parts
     assert mem["weights (fp32)"] == 4 * full / 2
@@ -119,7 +119,7 @@ def test_a_row_sharded_embedding_is_neither_gathered_nor_carried_unsharded():
     pp = Layout(dp_shard=2, pp=2, local_batch_size=8, pp_schedule="Interleaved1F1B")
     assert work.embedding_rows_sharded(pp) and not gathered.embedding_rows_sharded(pp)
     emb = param_counts(work.model, 1).embedding
-    stage0 = rank_stages(work.model.n_layers, pp)[0]
+    stage0 = rank_stages(work, pp)[0]
     assert stage0.embedding
     parts, before = _rank_memory(work, pp, stage0).parts, _rank_memory(gathered, pp, stage0).parts
     assert before["gradients"] - parts["gradients"] == pytest.approx(4 * emb - 4 * emb / 2)
@@ -127,7 +127,7 @@ def test_a_row_sharded_embedding_is_neither_gathered_nor_carried_unsharded():
     # The largest group FSDP's streams keep is now a block (or the head, on the last stage).
     assert parts["communication buffers"] < before["communication buffers"]
     assert estimate_memory(work, pp).total < estimate_memory(gathered, pp).total
-    stage1 = rank_stages(work.model.n_layers, pp)[1]
+    stage1 = rank_stages(work, pp)[1]
     assert not stage1.embedding
     assert _rank_memory(work, pp, stage1).total == _rank_memory(gathered, pp, stage1).total
     tp = Layout(dp_shard=2, tp=2, ac_mode="selective")
@@ -284,9 +284,10 @@ def test_tensor_parallel_never_raises_per_gpu_memory(dp_shard):
     ],
 )
 def test_pipeline_ranks_hold_the_whole_model_once(pp, schedule, per_rank):
-    model = get_model_args("8B")
+    work = workload("8B", seq_len=8192)
+    model = work.model
     layout = Layout(pp=pp, pp_schedule=schedule, pp_stages_per_rank=per_rank)
-    ranks = rank_stages(model.n_layers, layout)
+    ranks = rank_stages(work, layout)
     assert sum(rank_params(model, 1, r) for r in ranks) == model.num_params()
     assert sum(r.embedding for r in ranks) == sum(r.head for r in ranks) == 1
 

@@ -11,6 +11,8 @@ rank r the stages r, r + pp, r + 2pp, ...; V schedules (ZBVZeroBubble, DualPipeV
 from __future__ import annotations
 
 import copy
+import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -45,6 +47,10 @@ class StagePlan:
     def has_last(self) -> bool:
         return self.num_stages - 1 in self.stage_ids
 
+    def describe(self) -> str:
+        """Layers per stage, e.g. ``layers 8|9|9|6 + head``."""
+        return "layers " + "|".join(str(len(stage)) for stage in self.layers) + " + head"
+
 
 def stages_per_rank(schedule: str, requested: int) -> int:
     if schedule in SINGLE_STAGE:
@@ -60,25 +66,91 @@ def stage_ids_for_rank(schedule: str, pp_rank: int, pp: int, per_rank: int) -> t
     return tuple(pp_rank + i * pp for i in range(per_rank))
 
 
-def balanced_split(n_layers: int, num_stages: int) -> tuple[tuple[int, ...], ...]:
-    """Contiguous layers per stage, counting the embedding and the output head as one layer
-    each (first and last stage), so all stages get about the same number of units."""
-    units = n_layers + 2
-    if num_stages > units:
+def rank_of_stage(schedule: str, stage: int, pp: int) -> int:
+    if schedule in V_SHAPED:
+        return stage if stage < pp else 2 * pp - 1 - stage
+    return stage % pp
+
+
+def head_units(model_args, seq_len: int, ac_mode: str = "none") -> float:
+    """The output head's training work in blocks, for a model whose args give
+    ``head_flops_per_token()`` and ``block_flops_per_token(seq_len)`` (Llama's do): the FLOPs
+    ratio, the block grown by the forward that full activation checkpointing runs again
+    (selective AC recomputes little and is not counted)."""
+    block = model_args.block_flops_per_token(seq_len) * (4 / 3 if ac_mode == "full" else 1.0)
+    return model_args.head_flops_per_token() / block
+
+
+def balanced_split(
+    n_layers: int,
+    num_stages: int,
+    head: float = 1.0,
+    embedding: float = 0.0,
+    ranks: Sequence[int] | None = None,
+) -> tuple[tuple[int, ...], ...]:
+    """Contiguous layers per stage such that every rank's stages together, then every stage,
+    carry about the same work, counting a block as 1, the embedding (first stage) as
+    ``embedding`` and the output head (last stage) as ``head`` (see ``head_units``: about 2 for
+    Llama 3 8B at seq 8192, 3.4 for 1B). ``ranks[s]`` is the rank running stage s (default: one
+    stage per rank). Among equally good splits, the one with the fewest layers in the first
+    stages, which hold the most microbatches' activations."""
+    ranks = tuple(ranks) if ranks is not None else tuple(range(num_stages))
+    extra = [0.0] * num_stages
+    extra[0] += embedding
+    extra[-1] += head
+    if num_stages > n_layers + 2:
         raise ValueError(
             f"{num_stages} pipeline stages but only {n_layers} layers (+ embedding and head); "
             "use fewer stages (pipeline_parallel_degree x stages per rank)"
         )
-    base, extra = divmod(units, num_stages)
-    sizes = [base + (1 if s < extra else 0) for s in range(num_stages)]
+    sizes = _best_sizes(n_layers, extra, ranks) or _even_sizes(n_layers, num_stages)
     bounds = [0]
     for size in sizes:
         bounds.append(bounds[-1] + size)
-    # unit u is layer u - 1; unit 0 is the embedding and unit n_layers + 1 the head
-    return tuple(
-        tuple(u - 1 for u in range(lo, hi) if 1 <= u <= n_layers)
-        for lo, hi in zip(bounds, bounds[1:])
-    )
+    return tuple(tuple(range(lo, hi)) for lo, hi in zip(bounds, bounds[1:]))
+
+
+_MAX_SPLITS_TRIED = 20_000
+
+
+def _best_sizes(n_layers: int, extra: list[float], ranks: tuple[int, ...]) -> tuple | None:
+    """Layers per stage, each the floor or ceiling of its share of the work (the middle stages
+    at least one), minimizing (busiest rank, busiest stage, then the sizes in order); None when
+    no such sizes add up to ``n_layers``."""
+    num_stages = len(extra)
+    target = (n_layers + sum(extra)) / num_stages
+    least = [0 if s in (0, num_stages - 1) else 1 for s in range(num_stages)]
+    low = [max(least[s], math.floor(target - extra[s])) for s in range(num_stages)]
+    flexible = [s for s in range(num_stages) if target - extra[s] > low[s]]
+    grow = n_layers - sum(low)
+    if not 0 <= grow <= len(flexible):
+        return None
+    choices = itertools.combinations(flexible, grow)
+    if math.comb(len(flexible), grow) > _MAX_SPLITS_TRIED:  # the largest remainders instead
+        share = sorted(flexible, key=lambda s: low[s] + extra[s] - target)
+        choices = [tuple(share[:grow])]
+    best, best_key = None, None
+    for grown in choices:
+        sizes = list(low)
+        for s in grown:
+            sizes[s] += 1
+        work = [sizes[s] + extra[s] for s in range(num_stages)]
+        per_rank: dict[int, float] = {}
+        for s, r in enumerate(ranks):
+            per_rank[r] = per_rank.get(r, 0.0) + work[s]
+        key = (round(max(per_rank.values()), 9), round(max(work), 9), sizes)
+        if best_key is None or key < best_key:
+            best, best_key = tuple(sizes), key
+    return best
+
+
+def _even_sizes(n_layers: int, num_stages: int) -> list[int]:
+    """The embedding and the head one layer each, the units spread evenly (the fallback)."""
+    base, extra = divmod(n_layers + 2, num_stages)
+    units = [base + (1 if s < extra else 0) for s in range(num_stages)]
+    units[0] -= 1
+    units[-1] -= 1
+    return units
 
 
 def split_at(n_layers: int, split_points: list[int]) -> tuple[tuple[int, ...], ...]:
@@ -101,8 +173,11 @@ def plan_stages(
     requested_per_rank: int = 0,
     split_points: list[int] | None = None,
     layers_per_stage: int = 0,
+    head_units: float = 1.0,
 ) -> StagePlan:
-    """Raises ValueError (one line) for splits that cannot work."""
+    """Without split points or layers per stage, a ``balanced_split`` with the head counted as
+    ``head_units`` blocks (``head_units()``). Raises ValueError (one line) for splits that cannot
+    work."""
     per_rank = stages_per_rank(schedule, requested_per_rank)
     if layers_per_stage:
         if n_layers % layers_per_stage:
@@ -136,7 +211,8 @@ def plan_stages(
             )
     else:
         num_stages = pp * per_rank
-        layers = balanced_split(n_layers, num_stages)
+        ranks = [rank_of_stage(schedule, stage, pp) for stage in range(num_stages)]
+        layers = balanced_split(n_layers, num_stages, head=head_units, ranks=ranks)
     if schedule in V_SHAPED and per_rank != 2:
         raise ValueError(f"{schedule} needs exactly 2 stages per rank; got {per_rank}")
     return StagePlan(num_stages, stage_ids_for_rank(schedule, pp_rank, pp, per_rank), layers)

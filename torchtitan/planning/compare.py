@@ -70,7 +70,7 @@ def _old_code_bytes(point: dict, work: Workload, layout: Layout) -> float:
     if point.get("fp32_residual") and work.bf16 and not layout.data_parallel:
         extra += 2 * work.model.dim / layout.tp  # 2 more bytes per residual value
     if extra:
-        stages = rank_stages(work.model.n_layers, layout)[0]
+        stages = rank_stages(work, layout)[0]
         tokens = work.microbatch_tokens(layout)
         chunks = inflight_chunks(layout, 0, stages.n_stages)
         total += extra * tokens * stages.n_blocks * chunks

@@ -87,9 +87,7 @@ class MemoryEstimate:
 
 def estimate_memory(work: Workload, layout: Layout) -> MemoryEstimate:
     """The peak over pipeline ranks (ranks differ in stages, in-flight microbatches and loss)."""
-    estimates = [
-        _rank_memory(work, layout, stages) for stages in rank_stages(work.model.n_layers, layout)
-    ]
+    estimates = [_rank_memory(work, layout, stages) for stages in rank_stages(work, layout)]
     return max(estimates, key=lambda e: e.total)
 
 

@@ -10,8 +10,15 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from torchtitan.parallel.pipeline import LOOPED, SINGLE_STAGE, V_SHAPED, ZERO_BUBBLE, plan_stages
-from torchtitan.planning.layout import Layout
+from torchtitan.parallel.pipeline import (
+    LOOPED,
+    SINGLE_STAGE,
+    V_SHAPED,
+    ZERO_BUBBLE,
+    head_units,
+    plan_stages,
+)
+from torchtitan.planning.layout import Layout, Workload
 
 
 @dataclass(frozen=True)
@@ -36,8 +43,9 @@ def _schedule_for_split(schedule: str) -> str:
     return "Interleaved1F1B" if schedule == "CSV" else schedule
 
 
-def rank_stages(n_layers: int, layout: Layout) -> tuple[RankStages, ...]:
+def rank_stages(work: Workload, layout: Layout) -> tuple[RankStages, ...]:
     """Every pipeline rank's stages (one entry when pp == 1)."""
+    n_layers = work.model.n_layers
     if layout.pp == 1:
         return (RankStages(0, (n_layers,), True, True),)
     return _pipeline_ranks(
@@ -47,15 +55,16 @@ def rank_stages(n_layers: int, layout: Layout) -> tuple[RankStages, ...]:
         layout.pp_stages_per_rank,
         layout.pp_split_points,
         layout.pp_layers_per_stage,
+        head_units(work.model, work.seq_len, layout.ac_mode),
     )
 
 
 @functools.lru_cache(maxsize=1024)
-def _pipeline_ranks(n_layers, pp, schedule, per_rank, split_points, layers_per_stage):
+def _pipeline_ranks(n_layers, pp, schedule, per_rank, split_points, layers_per_stage, head):
     ranks = []
     for r in range(pp):
         plan = plan_stages(
-            n_layers, pp, r, schedule, per_rank, list(split_points), layers_per_stage
+            n_layers, pp, r, schedule, per_rank, list(split_points), layers_per_stage, head
         )
         layers = tuple(len(plan.layers[s]) for s in plan.stage_ids)
         ranks.append(RankStages(r, layers, plan.has_first(), plan.has_last()))

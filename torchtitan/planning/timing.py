@@ -202,7 +202,7 @@ def _rank_parts(work: Workload, layout: Layout, hw: Hardware, stages: RankStages
 
 
 def estimate_time(work: Workload, layout: Layout, hw: Hardware) -> TimeEstimate:
-    ranks = rank_stages(work.model.n_layers, layout)
+    ranks = rank_stages(work, layout)
     per_rank = [_rank_parts(work, layout, hw, stages) for stages in ranks]
     parts = max(per_rank, key=lambda p: sum(p.values()))
     bubble = max(bubble_fraction(layout, stages.n_stages) for stages in ranks)

@@ -47,14 +47,28 @@ class ModelArgs:
         output weights are never tied, so e.g. "1B" has ~1.50B parameters, not the published
         1.24B (Llama 3.2 ties them).
         """
-        d, hd = self.dim, self.head_dim
-        attn = d * self.n_heads * hd * 2 + d * self.kv_heads * hd * 2  # wq, wo + wk, wv
-        ffn = 3 * d * self.ffn_hidden_dim
-        block = attn + ffn + 2 * d  # two RMSNorm weights
-        n = self.n_layers * block + d + d * self.vocab_size  # final norm + output head
+        d = self.dim
+        n = self.n_layers * self.block_params() + d + d * self.vocab_size  # final norm + head
         if include_embedding:
             n += self.vocab_size * d
         return n
+
+    def block_params(self) -> int:
+        """Parameters of one transformer block."""
+        d, hd = self.dim, self.head_dim
+        attn = d * self.n_heads * hd * 2 + d * self.kv_heads * hd * 2  # wq, wo + wk, wv
+        ffn = 3 * d * self.ffn_hidden_dim
+        return attn + ffn + 2 * d  # two RMSNorm weights
+
+    def block_flops_per_token(self, seq_len: int) -> int:
+        """One block's training FLOPs per token as computed: 6x its parameters for the matmuls
+        plus causal attention (half the 12 * heads * head_dim * seq of ``flops_per_token``'s
+        convention, which counts the masked half too)."""
+        return 6 * self.block_params() + 6 * self.n_heads * self.head_dim * seq_len
+
+    def head_flops_per_token(self) -> int:
+        """The output head's training FLOPs per token (the embedding is a lookup: none)."""
+        return 6 * self.dim * self.vocab_size
 
     def flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs (forward + backward) per token: 6N for the matmuls plus attention."""
