@@ -96,3 +96,55 @@ def test_linear_matches_torchaos_float8_linear(compiled, tiled):
         got = step(torch.compile(ours) if compiled else ours, x, grad)
     for name, w, o in zip(["out", "x.grad", "w1.grad", "w2.grad"], want, got):
         assert torch.equal(o, w), f"{name}: {(o - w).float().norm() / w.float().norm():.2e}"
+
+
+def test_columnwise_cast_kernels_write_the_bits_of_torchaos_cast():
+    """Rowwise float8's column-wise cast (torchtitan/parallel/float8_rowwise_matmul.py): the
+    column amax kernel and the per-column tiled cast against torchao's axiswise cast."""
+    from torchao.float8.config import ScalingGranularity
+    from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
+    from torchao.float8.float8_training_tensor import LinearMMConfig
+
+    from torchtitan.parallel.float8_rowwise_matmul import float8_cast_columnwise
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = (torch.randn(3000, 4100, device="cuda", generator=g) * 80).bfloat16()
+    x[0, :3] = torch.tensor([float("inf"), -1e6, 0.0])
+    x[:, 9] = 0.0
+    for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        for operand in (x, x[:, 7:3000], x[5:]):
+            want = hp_tensor_to_float8_dynamic(
+                operand,
+                dtype,
+                LinearMMConfig(),
+                scaling_granularity=ScalingGranularity.AXISWISE,
+                axiswise_dim=0,
+                round_scales_to_power_of_2=True,
+            )
+            bits, scale = float8_cast_columnwise(operand, dtype, True)
+            assert torch.equal(scale, want._scale), dtype
+            assert torch.equal(bits.t().view(torch.uint8), want._data.view(torch.uint8)), dtype
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_rowwise_linear_matches_torchaos_float8_linear(compiled):
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    from torchtitan.parallel.float8_rowwise_matmul import Float8RowwiseLinear
+
+    torch.manual_seed(0)
+    torchao = torch.nn.Sequential(
+        torch.nn.Linear(2048, 4096, bias=False), torch.nn.Linear(4096, 1024, bias=False)
+    ).cuda()
+    convert_to_float8_training(torchao, config=Float8LinearConfig.from_recipe_name("rowwise"))
+    ours = copy.deepcopy(torchao)
+    for module in ours:
+        module.__class__ = Float8RowwiseLinear
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(2, 4096, 2048, device="cuda", generator=g)
+    grad = torch.randn(2, 4096, 1024, device="cuda", generator=g).bfloat16()
+    with unittest.mock.patch("torch._inductor.config.emulate_precision_casts", True):
+        want = step(torch.compile(torchao) if compiled else torchao, x, grad)
+        got = step(torch.compile(ours) if compiled else ours, x, grad)
+    for name, w, o in zip(["out", "x.grad", "w1.grad", "w2.grad"], want, got):
+        assert torch.equal(o, w), f"{name}: {(o - w).float().norm() / w.float().norm():.2e}"

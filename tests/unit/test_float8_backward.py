@@ -111,7 +111,9 @@ def test_the_conversion_line_names_the_tiled_linears():
 
 
 @pytest.mark.parametrize(
-    "changes", [{"own_backward": False}, {"recipe": "rowwise"}], ids=["turned off", "rowwise"]
+    "changes",
+    [{"own_backward": False}, {"recipe": "rowwise_with_gw_hp"}],
+    ids=["turned off", "rowwise_with_gw_hp"],
 )
 def test_torchaos_backward_when_turned_off_or_not_tensorwise(changes):
     ao = import_torchao_float8()

@@ -364,9 +364,10 @@ class Float8(Section):
     )
     own_backward: bool = opt(
         True,
-        "tensorwise: our backward for the float8 linears (the forward's input scale reused; "
-        "tiled_cast_fqns' input cast in a kernel of our own): torchao's bits, faster "
-        "(docs/float8.md); false: torchao's backward",
+        "our backward for the float8 linears, torchao's bits, faster (docs/float8.md): "
+        "tensorwise reuses the forward's input scale and casts tiled_cast_fqns' inputs in a "
+        "kernel of our own; rowwise casts output gradients column-wise in kernels of our own; "
+        "false: torchao's backward",
     )
     tiled_cast_fqns: list[str] = opt(
         ["attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3"],

@@ -134,6 +134,7 @@ class Float8Conversion:
     skipped: dict[str, str]  # FQN -> reason
     tiled: list[str] = dataclasses.field(default_factory=list)  # our backward, tiled input cast
     fused_all_gather_casts: int = 0  # weights cast for FSDP's float8 all-gather by our kernel
+    rowwise_backward: int = 0  # linears running our rowwise backward
 
     def summary(self, cfg: Float8) -> str:
         kept: dict[str, str] = {}
@@ -148,6 +149,11 @@ class Float8Conversion:
         if cfg.recipe == "tensorwise" and cfg.own_backward:
             tiled = ", ".join(dict.fromkeys(map(_pattern, self.tiled))) or "none"
             line += f"; our tensorwise backward, input cast tiled in: {tiled}"
+        if self.rowwise_backward:
+            line += (
+                f"; our rowwise backward in {self.rowwise_backward} linears (output gradients "
+                "cast column-wise in a kernel of our own)"
+            )
         if self.fused_all_gather_casts:
             line += (
                 f"; {self.fused_all_gather_casts} weights cast for FSDP's float8 all-gather in "
@@ -179,15 +185,17 @@ def apply_float8(model: nn.Module, cfg: Float8, fsdp_sharded: bool = False) -> F
         module_filter_fn=keep_or_convert,
         config=float8_linear_config(cfg, fsdp_sharded),
     )
-    tiled = []
+    tiled, rowwise = [], 0
     if cfg.recipe == "tensorwise" and cfg.own_backward:
         tiled = use_own_backward(model, cfg.tiled_cast_fqns)
+    if cfg.recipe == "rowwise" and cfg.own_backward:
+        rowwise = use_rowwise_backward(model)
     fused = 0
     if cfg.fused_all_gather_cast and cfg.precompute_scales:
         from torchtitan.parallel.float8_all_gather import use_fused_all_gather_cast
 
         fused = use_fused_all_gather_cast(model)
-    conversion = Float8Conversion(converted, skipped, tiled, fused)
+    conversion = Float8Conversion(converted, skipped, tiled, fused, rowwise)
     logger.info(conversion.summary(cfg))
     if not converted:
         logger.warning(
@@ -212,6 +220,21 @@ def use_own_backward(model: nn.Module, tiled_cast_fqns: Iterable[str]) -> list[s
             if module.tiled_input_cast:
                 tiled.append(fqn)
     return tiled
+
+
+def use_rowwise_backward(model: nn.Module) -> int:
+    """Make ``model``'s rowwise float8 linears run our rowwise backward
+    (float8_rowwise_matmul.py); returns how many."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    from torchtitan.parallel.float8_rowwise_matmul import Float8RowwiseLinear, is_rowwise
+
+    changed = 0
+    for module in model.modules():
+        if type(module) is Float8Linear and is_rowwise(module.config):
+            module.__class__ = Float8RowwiseLinear
+            changed += 1
+    return changed
 
 
 # --------------------------------------------------------------------------- TP and FSDP

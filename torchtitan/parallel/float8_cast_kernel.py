@@ -1,4 +1,4 @@
-"""Triton kernels of our tensorwise float8 casts.
+"""Triton kernels of our float8 casts.
 
 ``cast_transposed`` (``float8_cast_transposed``, torchtitan/parallel/float8_transposed_cast.py):
 each program loads one (BLOCK_ROWS x BLOCK_COLS) tile of a row-major high-precision matrix with
@@ -6,6 +6,11 @@ coalesced reads, scales and saturates it in fp32 as torchao's cast does, and sto
 transpose into the (cols x rows) output; Triton stages the tile through shared memory so the
 stores are coalesced too. Fused into a row reduction by inductor, the same cast stored single
 bytes a whole row apart (docs/performance.md, findings 24 and 25).
+
+With one scale per column (``scale`` of shape (1, cols)), ``cast_transposed`` is the column-wise
+cast of rowwise float8 (``float8_cast_columnwise``, torchtitan/parallel/float8_rowwise_matmul.py),
+whose per-column amax ``column_amax`` computes in one read: each program reduces a block of
+columns over a range of rows and merges its maxima with an atomic max.
 
 ``cast`` (FSDP's float8 all-gather, torchtitan/parallel/float8_all_gather.py): the same
 arithmetic over a contiguous tensor in one pass, where torchao's eager cast launches three
@@ -35,6 +40,7 @@ def _cast_transposed_kernel(
     n_cols,
     max_value,
     OUT_DTYPE: tl.constexpr,
+    SCALE_PER_COLUMN: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_COLS: tl.constexpr,
 ):
@@ -42,8 +48,13 @@ def _cast_transposed_kernel(
     cols = tl.program_id(1).to(tl.int64) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
     inside = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
     x = tl.load(x_ptr + rows[:, None] * row_stride + cols[None, :], mask=inside, other=0.0)
-    scaled = x.to(tl.float32) * tl.load(scale_ptr)
-    bits = tl.clamp(scaled, -max_value, max_value).to(OUT_DTYPE)
+    if SCALE_PER_COLUMN:
+        scale = tl.load(scale_ptr + cols, mask=cols < n_cols, other=1.0)[None, :]
+    else:
+        scale = tl.load(scale_ptr)
+    scaled = x.to(tl.float32) * scale
+    bits = tl.clamp(scaled, -max_value, max_value, propagate_nan=tl.PropagateNan.ALL)
+    bits = bits.to(OUT_DTYPE)
     tl.store(out_ptr + cols[None, :] * n_rows + rows[:, None], bits, mask=inside)
 
 
@@ -51,7 +62,8 @@ def cast_transposed(
     x: torch.Tensor, scale: torch.Tensor, float8_dtype: torch.dtype
 ) -> torch.Tensor:
     """``x`` (rows x cols, unit column stride) scaled, saturated and cast to ``float8_dtype``,
-    as a new (cols x rows) row-major tensor."""
+    as a new (cols x rows) row-major tensor; ``scale`` one value, or one per column (1 x cols,
+    contiguous)."""
     n_rows, n_cols = x.shape
     out = torch.empty(n_cols, n_rows, dtype=float8_dtype, device=x.device)
     grid = (triton.cdiv(n_rows, BLOCK_ROWS), triton.cdiv(n_cols, BLOCK_COLS))
@@ -64,11 +76,59 @@ def cast_transposed(
         n_cols,
         torch.finfo(float8_dtype).max,
         OUT_DTYPE=TRITON_FLOAT8[float8_dtype],
+        SCALE_PER_COLUMN=scale.numel() > 1,
         BLOCK_ROWS=BLOCK_ROWS,
         BLOCK_COLS=BLOCK_COLS,
         num_warps=WARPS,
     )
     return out
+
+
+# Not tuned: 128 columns (256 contiguous bytes of bf16 a row) by 1,024 rows per program.
+AMAX_COLS, AMAX_ROWS, AMAX_ROWS_PER_PROGRAM, AMAX_WARPS = 128, 32, 1024, 4
+
+
+@triton.jit
+def _column_amax_kernel(
+    x_ptr,
+    row_stride,
+    out_ptr,
+    n_rows,
+    n_cols,
+    ROWS_PER_PROGRAM: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
+):
+    cols = tl.program_id(0).to(tl.int64) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
+    first = tl.program_id(1).to(tl.int64) * ROWS_PER_PROGRAM
+    amax = tl.zeros([BLOCK_COLS], dtype=tl.float32)
+    for start in range(0, ROWS_PER_PROGRAM, BLOCK_ROWS):
+        rows = first + start + tl.arange(0, BLOCK_ROWS)
+        inside = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+        x = tl.load(x_ptr + rows[:, None] * row_stride + cols[None, :], mask=inside, other=0.0)
+        amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), axis=0))
+    # Non-negative floats order as their bits do, so an integer atomic max merges the programs.
+    tl.atomic_max(out_ptr + cols, amax.to(tl.int32, bitcast=True), mask=cols < n_cols)
+
+
+def column_amax(x: torch.Tensor) -> torch.Tensor:
+    """The largest absolute value of each column of ``x`` (rows x cols, unit column stride), as
+    a float32 (1 x cols) tensor."""
+    n_rows, n_cols = x.shape
+    out = torch.zeros(1, n_cols, dtype=torch.int32, device=x.device)
+    grid = (triton.cdiv(n_cols, AMAX_COLS), triton.cdiv(n_rows, AMAX_ROWS_PER_PROGRAM))
+    _column_amax_kernel[grid](
+        x,
+        x.stride(0),
+        out,
+        n_rows,
+        n_cols,
+        ROWS_PER_PROGRAM=AMAX_ROWS_PER_PROGRAM,
+        BLOCK_ROWS=AMAX_ROWS,
+        BLOCK_COLS=AMAX_COLS,
+        num_warps=AMAX_WARPS,
+    )
+    return out.view(torch.float32)
 
 
 # Not tuned either: 4,096 elements (16 per thread) per program.
@@ -82,7 +142,8 @@ def _cast_kernel(
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     inside = offsets < n
     scaled = tl.load(x_ptr + offsets, mask=inside, other=0.0).to(tl.float32) * tl.load(scale_ptr)
-    bits = tl.clamp(scaled, -max_value, max_value).to(OUT_DTYPE)
+    bits = tl.clamp(scaled, -max_value, max_value, propagate_nan=tl.PropagateNan.ALL)
+    bits = bits.to(OUT_DTYPE)
     tl.store(out_ptr + offsets, bits, mask=inside)
 
 

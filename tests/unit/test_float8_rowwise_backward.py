@@ -1,0 +1,155 @@
+"""Our rowwise float8 backward (torchtitan/parallel/float8_rowwise_matmul.py) on CPU, emulated:
+the column-wise cast operator is torchao's cast; a float8 block computes torchao's bits, eager,
+compiled and under selective checkpointing; which linears get it; the fallbacks."""
+
+from __future__ import annotations
+
+import dataclasses
+import unittest.mock
+
+import pytest
+import torch
+import torch.nn as nn
+
+from torchtitan.config import Float8
+from torchtitan.models.llama3 import Transformer, get_model_args
+from torchtitan.models.llama3 import model as llama
+from torchtitan.parallel.activation_checkpoint import apply_ac
+from torchtitan.parallel.float8 import apply_float8, import_torchao_float8
+
+ROWWISE = Float8(enable=True, emulate=True, recipe="rowwise", filter_fqns=[])
+TORCHAO = dataclasses.replace(ROWWISE, own_backward=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("power_of_2", [True, False], ids=["pow2", "exact"])
+def test_the_columnwise_cast_is_torchaos(dtype, power_of_2):
+    import_torchao_float8()
+    from torchao.float8.config import ScalingGranularity
+    from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
+    from torchao.float8.float8_training_tensor import LinearMMConfig
+
+    from torchtitan.parallel.float8_rowwise_matmul import float8_cast_columnwise
+
+    x = (torch.randn(100, 72, generator=torch.Generator().manual_seed(0)) * 300).bfloat16()
+    x[0, :3] = torch.tensor([float("inf"), -1e6, 0.0])
+    x[:, 9] = 0.0  # a column of zeros: torchao's EPS floor on the amax
+    for operand in (x, x[:, 5:45]):
+        want = hp_tensor_to_float8_dynamic(
+            operand,
+            dtype,
+            LinearMMConfig(),
+            scaling_granularity=ScalingGranularity.AXISWISE,
+            axiswise_dim=0,
+            round_scales_to_power_of_2=power_of_2,
+        )
+        bits, scale = float8_cast_columnwise(operand, dtype, power_of_2)
+        assert bits.shape == operand.shape[::-1] and bits.is_contiguous()
+        assert torch.equal(scale, want._scale)
+        assert torch.equal(bits.t().view(torch.uint8), want._data.view(torch.uint8))
+
+
+def test_the_operator_passes_torchs_checks():
+    from torchtitan.parallel.float8_rowwise_matmul import float8_cast_columnwise
+
+    x = torch.randn(16, 24).bfloat16()
+    torch.library.opcheck(float8_cast_columnwise, (x, torch.float8_e4m3fn, True))
+
+
+def block(cfg: Float8, ac: bool) -> nn.Module:
+    """The first block of the debug model, float8 as the trainer converts it (and checkpointed
+    as the trainer's selective AC does)."""
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = Transformer(get_model_args("debugmodel", max_seq_len=64))
+    apply_float8(model, cfg)
+    apply_ac(model, "selective" if ac else "none", "op", save_matmuls="alternate")
+    first = model.layers["0"].to_empty(device="cpu")
+    first.init_weights()
+    return first
+
+
+def step(model) -> list[torch.Tensor]:
+    torch._dynamo.reset()
+    args = get_model_args("debugmodel", max_seq_len=64)
+    rope = llama.precompute_rope_cache(args.head_dim, 64, args.rope_theta)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 64, args.dim, generator=gen).bfloat16().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(x, rope)
+    out.backward(torch.randn(out.shape, generator=gen).bfloat16())
+    return [out, x.grad] + [p.grad for p in model.parameters()]
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled with selective AC"])
+def test_a_block_computes_torchaos_bits(compiled):
+    """Compiled, both round like eager (``emulate_precision_casts``, as the trainer does for
+    rowwise under selective AC), so the bits must agree."""
+    with unittest.mock.patch("torch._inductor.config.emulate_precision_casts", True):
+        results = []
+        for cfg in (TORCHAO, ROWWISE):
+            model = block(cfg, ac=compiled)
+            results.append(step(torch.compile(model) if compiled else model))
+    for i, (want, got) in enumerate(zip(*results)):
+        assert torch.equal(got, want), i
+
+
+def meta_linears(cfg: Float8) -> list[nn.Module]:
+    with torch.device("meta"):
+        model = Transformer(get_model_args("debugmodel", max_seq_len=32))
+    apply_float8(model, cfg)
+    return [m for m in model.modules() if isinstance(m, nn.Linear)]
+
+
+def test_every_rowwise_linear_gets_our_backward_and_the_log_says_so():
+    from torchtitan.parallel.float8_rowwise_matmul import Float8RowwiseLinear
+
+    linears = meta_linears(ROWWISE)
+    assert linears and all(type(m) is Float8RowwiseLinear for m in linears)
+    with torch.device("meta"):
+        model = Transformer(get_model_args("debugmodel", max_seq_len=32))
+    summary = apply_float8(model, ROWWISE).summary(ROWWISE)
+    assert summary.endswith(
+        f"; our rowwise backward in {len(linears)} linears (output gradients cast column-wise "
+        "in a kernel of our own)"
+    )
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [TORCHAO, dataclasses.replace(ROWWISE, recipe="rowwise_with_gw_hp")],
+    ids=["turned off", "rowwise_with_gw_hp"],
+)
+def test_torchaos_backward_when_turned_off_or_another_recipe(cfg):
+    ao = import_torchao_float8()
+    assert all(type(m) is ao.float8_linear.Float8Linear for m in meta_linears(cfg))
+
+
+def test_inputs_already_in_float8_go_to_torchaos_function(monkeypatch):
+    import torchao.float8.float8_linear as ao_linear
+    from torchao.float8.config import ScalingGranularity
+    from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
+
+    from torchtitan.parallel import float8_rowwise_matmul
+
+    linear = block(ROWWISE, ac=False).feed_forward.w1
+    calls = []
+    original = ao_linear.matmul_with_hp_or_float8_args.apply
+    monkeypatch.setattr(
+        float8_rowwise_matmul.matmul_with_hp_or_float8_args,
+        "apply",
+        lambda *a: calls.append(a) or original(*a),
+    )
+    x = torch.randn(8, linear.in_features)
+    x8 = hp_tensor_to_float8_dynamic(
+        x,
+        torch.float8_e4m3fn,
+        linear.linear_mm_config,
+        scaling_granularity=ScalingGranularity.AXISWISE,
+        axiswise_dim=-1,
+        round_scales_to_power_of_2=True,
+    )
+    linear(x8)
+    assert len(calls) == 1
+    linear(x)
+    assert len(calls) == 1  # plain inputs take ours
