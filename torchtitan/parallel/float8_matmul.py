@@ -136,9 +136,14 @@ class Float8TensorwiseLinear(Float8Linear):
     tiled_input_cast = False
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if torch.is_autocast_enabled():  # as Float8Linear does: the output in autocast's dtype
-            input = input.to(torch.get_autocast_gpu_dtype())
-        output = float8_matmul(input, self.weight.t(), self)
-        if self.bias is not None:
-            output = output + self.bias.to(output.dtype)
-        return output
+        return float8_linear_forward(self, input, float8_matmul)
+
+
+def float8_linear_forward(linear: Float8Linear, input: torch.Tensor, matmul) -> torch.Tensor:
+    """``Float8Linear.forward`` with its matmul replaced by ``matmul(input, weight_t, linear)``."""
+    if torch.is_autocast_enabled():  # as Float8Linear does: the output in autocast's dtype
+        input = input.to(torch.get_autocast_gpu_dtype())
+    output = matmul(input, linear.weight.t(), linear)
+    if linear.bias is not None:
+        output = output + linear.bias.to(output.dtype)
+    return output

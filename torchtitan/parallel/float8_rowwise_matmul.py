@@ -34,6 +34,7 @@ from torchao.float8.float8_training_tensor import (
 )
 from torchao.float8.float8_utils import amax_to_scale, to_fp8_saturated
 
+from torchtitan.parallel.float8_matmul import float8_linear_forward
 from torchtitan.parallel.float8_transposed_cast import kernel_module
 
 
@@ -149,9 +150,4 @@ class Float8RowwiseLinear(Float8Linear):
     ``torchtitan.parallel.float8.use_rowwise_backward``)."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if torch.is_autocast_enabled():  # as Float8Linear does: the output in autocast's dtype
-            input = input.to(torch.get_autocast_gpu_dtype())
-        output = rowwise_float8_matmul(input, self.weight.t(), self)
-        if self.bias is not None:
-            output = output + self.bias.to(output.dtype)
-        return output
+        return float8_linear_forward(self, input, rowwise_float8_matmul)
