@@ -153,3 +153,37 @@ def test_inputs_already_in_float8_go_to_torchaos_function(monkeypatch):
     assert len(calls) == 1
     linear(x)
     assert len(calls) == 1  # plain inputs take ours
+
+
+def test_ours_runs_under_fsdp(tmp_path, monkeypatch):
+    """FSDP2 hands the linears plain unsharded weights, so every float8 linear runs our function
+    (one-rank gloo mesh); under TP their weights are DTensors and torchao's runs."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from torchtitan.parallel import float8_rowwise_matmul
+    from torchtitan.parallel.fsdp import apply_fsdp
+
+    calls = {"ours": 0, "torchao": 0}
+    functions = {
+        "ours": float8_rowwise_matmul.RowwiseFloat8Matmul,
+        "torchao": float8_rowwise_matmul.matmul_with_hp_or_float8_args,
+    }
+    for name, function in functions.items():
+        original = function.apply
+        monkeypatch.setattr(
+            function,
+            "apply",
+            lambda *a, name=name, f=original: calls.update({name: calls[name] + 1}) or f(*a),
+        )
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = Transformer(get_model_args("debugmodel", max_seq_len=32))
+        model.init_weights()
+        apply_float8(model, ROWWISE, fsdp_sharded=True)
+        apply_fsdp(model, init_device_mesh("cpu", (1,)), param_dtype=torch.bfloat16)
+        model(torch.randint(256, (2, 32))).float().square().mean().backward()
+    finally:
+        dist.destroy_process_group()
+    assert calls == {"ours": 7 * len(model.layers) + 1, "torchao": 0}  # + the head
