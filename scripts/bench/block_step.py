@@ -262,7 +262,9 @@ def main() -> None:
     p.add_argument("--rope", choices=["pairs", "swap", "complex"], default="swap")
     p.add_argument("--residual", choices=["float32", "bfloat16"], default="bfloat16")
     p.add_argument("--float8", action="store_true")
-    p.add_argument("--recipe", choices=["tensorwise", "rowwise", "rowwise_with_gw_hp"])
+    p.add_argument(
+        "--recipe", choices=["tensorwise", "rowwise", "rowwise_with_gw_hp"], default="tensorwise"
+    )
     p.add_argument(
         "--torchao-backward",
         action="store_true",
@@ -295,7 +297,6 @@ def main() -> None:
     p.add_argument("--top", type=int, default=20)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args()
-    args.recipe = args.recipe or "tensorwise"
     step = step_fn(args)
     for _ in range(3):
         step()
