@@ -2,6 +2,7 @@
 
     python scripts/bench/block_step.py [--impl ours|ref] [--rope pairs|swap|complex] [--float8]
         [--recipe tensorwise|rowwise|rowwise_with_gw_hp] [--torchao-backward | --tiled-cast FQN ...]
+        [--torchao-input-cast]
         [--residual float32|bfloat16] [--fuse]
         [--ac none|selective|full] [--params float32|bfloat16] [--inductor KEY=VALUE ...]
         [--flavor 1B] [--batch 4] [--seq 8192] [--iters 20] [--top 20]
@@ -13,6 +14,7 @@ as the model passed it before docs/performance.md finding 23; bfloat16, the defa
 since); the block compiled alone with ``fullgraph=True`` (the trainer compiles each block so);
 optionally every linear converted to tensorwise float8 (ours: as the trainer converts them, with
 our backward unless ``--torchao-backward``; ``--tiled-cast`` replaces ``--float8.tiled_cast_fqns``;
+rowwise under ``--ac``: the inputs' column-wise cast ours unless ``--torchao-input-cast``;
 ref: torchao's Float8Linear). Prints the median milliseconds of one forward + backward (CUDA
 events), the peak memory allocated above the inputs, the kernel time of one traced step by category
 (matmul, attention, inductor reductions and pointwise kernels) and its kernels longest first, so
@@ -146,7 +148,8 @@ def build(args):
         cfg = dataclasses.replace(cfg, own_backward=not args.torchao_backward)
         if args.tiled_cast is not None:
             cfg = dataclasses.replace(cfg, tiled_cast_fqns=args.tiled_cast)
-        apply_float8(block, cfg)
+        checkpointed = args.ac != "none" and not args.torchao_input_cast
+        apply_float8(block, cfg, checkpointed=checkpointed)
     elif args.float8:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
@@ -271,6 +274,11 @@ def main() -> None:
         help="ours, float8: torchao's backward (--float8.own_backward false)",
     )
     p.add_argument(
+        "--torchao-input-cast",
+        action="store_true",
+        help="ours, rowwise under --ac: torchao's column-wise cast of the inputs",
+    )
+    p.add_argument(
         "--tiled-cast",
         nargs="*",
         metavar="FQN",
@@ -303,6 +311,7 @@ def main() -> None:
     label = f"{args.impl} rope={args.rope if args.impl == 'ours' else 'complex(ref)'}"
     label += (f" float8 {args.recipe}" if args.float8 else " bf16") + f" residual={args.residual}"
     label += " torchao backward" if args.torchao_backward else ""
+    label += " torchao input cast" if args.torchao_input_cast else ""
     label += f" tiled cast {args.tiled_cast}" if args.tiled_cast is not None else ""
     label += " fused projections" if args.fuse else ""
     label += f" ac={args.ac}" if args.ac != "none" else ""

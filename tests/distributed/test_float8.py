@@ -197,21 +197,18 @@ def test_cp2_matches_single_process_within_shard_scaling(seed_checkpoint, refere
 def test_rowwise_fsdp2_tp2_full_ac_matches_single_process(seed_checkpoint, tmp_path):
     """Rowwise scales are per row of each matmul operand (a token's activations, a weight's
     output row), so no layout or batch grouping changes them (with whole-tensor rows under TP,
-    not ``tp_shard_scales``' shard rows): the reference trains batch 8."""
+    not ``tp_shard_scales``' shard rows): the reference trains batch 8, with our rowwise
+    backward (column-wise casts of gradients and, checkpointed, inputs), against torchao's."""
     rowwise = [
         *FLOAT8,
         "--float8.recipe=rowwise",
         "--float8.tp_shard_scales=false",
         f"--checkpoint.initial_load_path={seed_checkpoint}",
     ]
-    train(1, tmp_path / "one", *rowwise, "--training.local_batch_size=8")
-    train(
-        4,
-        tmp_path / "fsdp2_tp2",
-        *rowwise,
-        "--parallelism.tensor_parallel_degree=2",
-        "--activation_checkpoint.mode=full",
-    )
+    full_ac = "--activation_checkpoint.mode=full"
+    one = train(1, tmp_path / "one", *rowwise, full_ac, "--training.local_batch_size=8")
+    assert "output gradients and inputs cast column-wise" in one  # ours; DTensors: torchao's
+    train(4, tmp_path / "fsdp2_tp2", *rowwise, "--parallelism.tensor_parallel_degree=2", full_ac)
     assert_matches(tmp_path / "fsdp2_tp2", tmp_path / "one")
 
 

@@ -126,8 +126,9 @@ def test_columnwise_cast_kernels_write_the_bits_of_torchaos_cast():
             assert torch.equal(bits.t().view(torch.uint8), want._data.view(torch.uint8)), dtype
 
 
+@pytest.mark.parametrize("input_cast", [False, True], ids=["gradients", "gradients_and_inputs"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_rowwise_linear_matches_torchaos_float8_linear(compiled):
+def test_rowwise_linear_matches_torchaos_float8_linear(compiled, input_cast):
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     from torchtitan.parallel.float8_rowwise_matmul import Float8RowwiseLinear
@@ -140,6 +141,7 @@ def test_rowwise_linear_matches_torchaos_float8_linear(compiled):
     ours = copy.deepcopy(torchao)
     for module in ours:
         module.__class__ = Float8RowwiseLinear
+        module.columnwise_input_cast = input_cast
     g = torch.Generator(device="cuda").manual_seed(1)
     x = torch.randn(2, 4096, 2048, device="cuda", generator=g)
     grad = torch.randn(2, 4096, 1024, device="cuda", generator=g).bfloat16()

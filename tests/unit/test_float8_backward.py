@@ -143,13 +143,15 @@ def test_inputs_already_in_float8_go_to_torchaos_function(monkeypatch):
     assert len(calls) == 1
 
 
-def saved_for_backward(own_backward: bool, ac: str) -> dict[str, int]:
+def saved_for_backward(
+    cfg: Float8, ac: str, checkpointed: bool = False, op: str = "float8_cast_transposed"
+) -> dict[str, int]:
     """Compile one debug-model block (inductor's partitioner, no inductor codegen): the bytes the
-    forward keeps for the backward and where the tiled casts run."""
+    forward keeps for the backward and where the calls of operator ``op`` run."""
     torch.manual_seed(0)
     with torch.device("meta"):
         model = Transformer(get_model_args("debugmodel", max_seq_len=256))
-    apply_float8(model, dataclasses.replace(EMULATED, own_backward=own_backward))
+    apply_float8(model, cfg, checkpointed=checkpointed)
     apply_ac(model, ac, "op", save_matmuls="alternate")
     block = model.layers["0"].to_empty(device="cpu")
     block.init_weights()
@@ -159,7 +161,7 @@ def saved_for_backward(own_backward: bool, ac: str) -> dict[str, int]:
 
     def casts(gm) -> int:
         calls = [n for n in gm.graph.nodes if n.op == "call_function"]
-        return sum("float8_cast_transposed" in str(n.target) for n in calls)
+        return sum(op in str(n.target) for n in calls)
 
     def forward(gm, _):
         saved = list(gm.graph.find_nodes(op="output"))[0].args[0][1:]
@@ -189,7 +191,8 @@ def test_what_the_compiled_block_keeps_for_the_backward(ac):
     """Without AC the two norm outputs' float8 casts run once each in the forward and are kept (1
     byte per element: 2 x 512 tokens x 256 more than torchao's backward keeps, give or take its
     scalar scales); under AC they run in the backward's recompute and nothing more is kept."""
-    ours, torchao = saved_for_backward(True, ac), saved_for_backward(False, ac)
+    ours = saved_for_backward(EMULATED, ac)
+    torchao = saved_for_backward(dataclasses.replace(EMULATED, own_backward=False), ac)
     extra = ours["saved"] - torchao["saved"]
     if ac == "none":
         assert (ours["forward casts"], ours["backward casts"]) == (2, 0)

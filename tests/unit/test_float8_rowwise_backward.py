@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from tests.unit.test_float8_backward import saved_for_backward
 from torchtitan.config import Float8
 from torchtitan.models.llama3 import Transformer, get_model_args
 from torchtitan.models.llama3 import model as llama
@@ -56,13 +57,13 @@ def test_the_operator_passes_torchs_checks():
     torch.library.opcheck(float8_cast_columnwise, (x, torch.float8_e4m3fn, True))
 
 
-def block(cfg: Float8, ac: bool) -> nn.Module:
-    """The first block of the debug model, float8 as the trainer converts it (and checkpointed
-    as the trainer's selective AC does)."""
+def block(cfg: Float8, ac: bool, input_cast: bool) -> nn.Module:
+    """The first block of the debug model, float8 as the trainer converts it (``input_cast``:
+    the inputs' column-wise cast ours) and checkpointed as the trainer's selective AC does."""
     torch.manual_seed(0)
     with torch.device("meta"):
         model = Transformer(get_model_args("debugmodel", max_seq_len=64))
-    apply_float8(model, cfg)
+    apply_float8(model, cfg, checkpointed=input_cast)
     apply_ac(model, "selective" if ac else "none", "op", save_matmuls="alternate")
     first = model.layers["0"].to_empty(device="cpu")
     first.init_weights()
@@ -81,14 +82,15 @@ def step(model) -> list[torch.Tensor]:
     return [out, x.grad] + [p.grad for p in model.parameters()]
 
 
+@pytest.mark.parametrize("input_cast", [False, True], ids=["gradients", "gradients and inputs"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled with selective AC"])
-def test_a_block_computes_torchaos_bits(compiled):
+def test_a_block_computes_torchaos_bits(compiled, input_cast):
     """Compiled, both round like eager (``emulate_precision_casts``, as the trainer does for
     rowwise under selective AC), so the bits must agree."""
     with unittest.mock.patch("torch._inductor.config.emulate_precision_casts", True):
         results = []
         for cfg in (TORCHAO, ROWWISE):
-            model = block(cfg, ac=compiled)
+            model = block(cfg, ac=compiled, input_cast=input_cast)
             results.append(step(torch.compile(model) if compiled else model))
     for i, (want, got) in enumerate(zip(*results)):
         assert torch.equal(got, want), i
@@ -108,11 +110,37 @@ def test_every_rowwise_linear_gets_our_backward_and_the_log_says_so():
     assert linears and all(type(m) is Float8RowwiseLinear for m in linears)
     with torch.device("meta"):
         model = Transformer(get_model_args("debugmodel", max_seq_len=32))
+    assert not any(m.columnwise_input_cast for m in linears)
     summary = apply_float8(model, ROWWISE).summary(ROWWISE)
     assert summary.endswith(
         f"; our rowwise backward in {len(linears)} linears (output gradients cast column-wise "
         "in a kernel of our own)"
     )
+
+
+def test_checkpointed_blocks_cast_their_inputs_with_ours_and_the_log_says_so():
+    with torch.device("meta"):
+        model = Transformer(get_model_args("debugmodel", max_seq_len=32))
+    summary = apply_float8(model, ROWWISE, checkpointed=True).summary(ROWWISE)
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert all(m.columnwise_input_cast for m in linears)
+    assert summary.endswith(
+        f"; our rowwise backward in {len(linears)} linears (output gradients and inputs cast "
+        "column-wise in a kernel of our own)"
+    )
+
+
+@pytest.mark.parametrize("ac", ["selective", "full"])
+def test_under_checkpointing_the_input_casts_run_in_the_backward_and_keep_nothing_more(ac):
+    """The memory claim of docs/float8.md: under AC the inputs' column-wise casts run in the
+    backward's recompute, so the forward keeps what torchao's backward keeps (give or take
+    scalars). Each block has 7 linears: 7 gradient casts, and the inputs of 4 (the norm outputs
+    are shared by wq/wk/wv and by w1/w3, so their casts are one each)."""
+    ours = saved_for_backward(ROWWISE, ac, checkpointed=True, op="float8_cast_columnwise")
+    torchao = saved_for_backward(TORCHAO, ac, op="float8_cast_columnwise")
+    assert (ours["forward casts"], ours["backward casts"]) == (0, 7 + 4)
+    assert torchao["forward casts"] == torchao["backward casts"] == 0
+    assert abs(ours["saved"] - torchao["saved"]) <= 64
 
 
 @pytest.mark.parametrize(
@@ -132,7 +160,7 @@ def test_inputs_already_in_float8_go_to_torchaos_function(monkeypatch):
 
     from torchtitan.parallel import float8_rowwise_matmul
 
-    linear = block(ROWWISE, ac=False).feed_forward.w1
+    linear = block(ROWWISE, ac=False, input_cast=True).feed_forward.w1
     calls = []
     original = ao_linear.matmul_with_hp_or_float8_args.apply
     monkeypatch.setattr(

@@ -85,6 +85,11 @@ def checkpoints_whole_blocks(mode: str, selective_ac_option: str = "op") -> bool
     return mode != "none" and not _uses_selective_op_policy(mode, selective_ac_option)
 
 
+def checkpoints_every_block(mode: str, selective_ac_option: str = "op") -> bool:
+    """Whether ``apply_ac`` checkpoints every block (fully or with the selective-op policy)."""
+    return mode == "full" or (mode == "selective" and selective_ac_option in ("op", "1"))
+
+
 def apply_ac(
     model: nn.Module,
     mode: str,

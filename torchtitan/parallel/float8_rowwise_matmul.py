@@ -8,15 +8,21 @@ gradient, a reduction whose float8 stores land single bytes a whole row apart: f
 w1 and w3 at 8B, 1.57 of a 20.8 ms block (docs/performance.md, finding 28).
 
 ``RowwiseFloat8Matmul`` computes what torchao's ``matmul_with_hp_or_float8_args`` does for the
-``rowwise`` recipe, with torchao's forward and casts, bit for bit, except that the output
-gradient's column-wise cast goes through ``float8_cast_columnwise``, an operator inductor
-cannot fuse: a one-read column amax and a tiled transposed cast (``float8_cast_kernel``), or
-torchao's own cast off CUDA. Only output gradients take it: they exist in the backward alone,
-so the partitioner cannot move the operator into the forward and keep its result (what our
-tensorwise backward's input cast does without activation checkpointing, finding 25).
+``rowwise`` recipe, with torchao's forward and casts, bit for bit, except that the weight-gradient
+matmul's column-wise casts go through ``float8_cast_columnwise``, an operator inductor cannot
+fuse: a one-read column amax and a tiled transposed cast (``float8_cast_kernel``), or torchao's
+own cast off CUDA.
 
-The input's column-wise cast, other recipes, DTensor operands and inputs already in float8 run
-torchao's function: ``rowwise_float8_matmul`` picks.
+* The output gradient always takes it: it exists in the backward alone, so the partitioner
+  cannot move the operator into the forward.
+* The input takes it with ``columnwise_input_cast``, for linears whose block is checkpointed.
+  Without activation checkpointing the partitioner would run the operator in the forward (its
+  input is a forward value it may not recompute) and keep its float8 result beside what it keeps
+  anyway, 1 byte per input element more (the tensorwise backward's memory cost, finding 25);
+  under checkpointing it runs in the backward's recompute and nothing more is kept.
+
+Other recipes, DTensor operands and inputs already in float8 run torchao's function:
+``rowwise_float8_matmul`` picks.
 """
 
 from __future__ import annotations
@@ -98,8 +104,26 @@ def rowwise_float8_matmul(input: torch.Tensor, weight_t: torch.Tensor, linear: F
         and not tensor_already_casted_to_fp8(input)
         and not tensor_already_casted_to_fp8(weight_t)
     )
-    function = RowwiseFloat8Matmul if ours else matmul_with_hp_or_float8_args
-    return function.apply(input, weight_t, linear.linear_mm_config, linear.config)
+    mm_config, config = linear.linear_mm_config, linear.config
+    if not ours:
+        return matmul_with_hp_or_float8_args.apply(input, weight_t, mm_config, config)
+    return RowwiseFloat8Matmul.apply(
+        input, weight_t, mm_config, config, linear.columnwise_input_cast
+    )
+
+
+def _cast_columnwise(x_2d: torch.Tensor, role: GemmInputRole, mm_config, config):
+    """``x_2d`` cast with one scale per column through ``float8_cast_columnwise``, as the
+    column-major operand of a weight-gradient matmul."""
+    cast = (
+        config.cast_config_grad_output
+        if role is GemmInputRole.GRAD_OUTPUT
+        else config.cast_config_input
+    )
+    bits_t, scale = float8_cast_columnwise(
+        x_2d, cast.target_dtype, config.round_scales_to_power_of_2
+    )
+    return Float8TrainingTensor(bits_t.t(), scale, x_2d.dtype, mm_config, role, axiswise_dim=0)
 
 
 def _cast_along(tensor, axis: int, role: GemmInputRole, mm_config, config):
@@ -120,7 +144,15 @@ class RowwiseFloat8Matmul(torch.autograd.Function):
     """``input @ weight_t`` with rowwise float8 operands (see the module doc)."""
 
     @staticmethod
-    def forward(ctx, input_hp, weight_t, mm_config: LinearMMConfig, config: Float8LinearConfig):
+    def forward(
+        ctx,
+        input_hp,
+        weight_t,
+        mm_config: LinearMMConfig,
+        config: Float8LinearConfig,
+        columnwise_input_cast: bool,
+    ):
+        ctx.columnwise_input_cast = columnwise_input_cast
         # torchao's forward: it saves the high-precision operands and sets ctx's configs
         return matmul_with_hp_or_float8_args.forward(ctx, input_hp, weight_t, mm_config, config)
 
@@ -133,21 +165,22 @@ class RowwiseFloat8Matmul(torch.autograd.Function):
         weight_rows = _cast_along(weight_t, -1, GemmInputRole.WEIGHT, mm_config, config)
         grad_input = torch.mm(grad_rows, weight_rows.t())
         grad_input = grad_input.reshape(*grad_output.shape[:-1], grad_input.shape[-1])
-        bits_t, scale = float8_cast_columnwise(
-            grad_2d, config.cast_config_grad_output.target_dtype, config.round_scales_to_power_of_2
-        )
-        grad_columns = Float8TrainingTensor(
-            bits_t.t(), scale, grad_2d.dtype, mm_config, GemmInputRole.GRAD_OUTPUT, axiswise_dim=0
-        )
+        grad_columns = _cast_columnwise(grad_2d, GemmInputRole.GRAD_OUTPUT, mm_config, config)
         input_2d = input_hp.reshape(-1, input_hp.shape[-1])
-        input_columns = _cast_along(input_2d, 0, GemmInputRole.INPUT, mm_config, config)
+        if ctx.columnwise_input_cast:
+            input_columns = _cast_columnwise(input_2d, GemmInputRole.INPUT, mm_config, config)
+        else:
+            input_columns = _cast_along(input_2d, 0, GemmInputRole.INPUT, mm_config, config)
         grad_weight = torch.mm(grad_columns.t(), input_columns)
-        return grad_input, grad_weight.t(), None, None
+        return grad_input, grad_weight.t(), None, None, None
 
 
 class Float8RowwiseLinear(Float8Linear):
-    """torchao's ``Float8Linear`` whose matmul is ``rowwise_float8_matmul`` (set per module by
+    """torchao's ``Float8Linear`` whose matmul is ``rowwise_float8_matmul``, the input's
+    column-wise cast ours when ``columnwise_input_cast`` (both set per module by
     ``torchtitan.parallel.float8.use_rowwise_backward``)."""
+
+    columnwise_input_cast = False
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return float8_linear_forward(self, input, rowwise_float8_matmul)

@@ -30,7 +30,11 @@ from torch.distributed.tensor.parallel import (
 )
 
 from torchtitan.dtypes import DTYPES
-from torchtitan.parallel.activation_checkpoint import apply_ac, checkpoints_whole_blocks
+from torchtitan.parallel.activation_checkpoint import (
+    apply_ac,
+    checkpoints_every_block,
+    checkpoints_whole_blocks,
+)
 from torchtitan.parallel.compile import apply_compile
 from torchtitan.parallel.float8 import (
     apply_float8,
@@ -113,8 +117,10 @@ def parallelize_llama(model: nn.Module, dims: ParallelDims, cfg: JobConfig, devi
     """Apply every parallelism the config asks for to a (meta-device) Llama or pipeline stage
     of one, in place; returns the model."""
     p = cfg.parallelism
+    ac = cfg.activation_checkpoint
     if cfg.float8.enable:  # first: TP styles and FSDP wrap the swapped-in Float8Linear modules
-        apply_float8(model, cfg.float8, fsdp_sharded=dims.fsdp_degree > 1)
+        checkpointed = checkpoints_every_block(ac.mode, ac.selective_ac_option)
+        apply_float8(model, cfg.float8, dims.fsdp_degree > 1, checkpointed)
     if dims.tp > 1:
         root_plan = llama_root_plan(
             not p.disable_loss_parallel, fused_loss=cfg.training.loss_chunk_tokens > 0
@@ -125,7 +131,6 @@ def parallelize_llama(model: nn.Module, dims: ParallelDims, cfg: JobConfig, devi
             scale_float8_by_shard(model, LLAMA_BLOCKS)
         if p.enable_async_tensor_parallel:
             enable_async_tp(dims.mesh("tp"))
-    ac = cfg.activation_checkpoint
     if recompute_must_round_like_forward(
         cfg.float8, cfg.compile.enable, ac.mode, ac.selective_ac_option
     ):
