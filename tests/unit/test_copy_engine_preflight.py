@@ -1,5 +1,6 @@
-"""When ``--parallelism.fsdp_all_gather copy_engines`` is refused before launch, and the memory
-it holds outside the caching allocator (the FSDP plumbing: tests/distributed/)."""
+"""When ``--parallelism.fsdp_all_gather copy_engines`` is refused before launch, where ``auto``
+chooses it, and the memory it holds outside the caching allocator (the FSDP plumbing:
+tests/distributed/)."""
 
 from __future__ import annotations
 
@@ -54,3 +55,50 @@ def test_preflight_refuses_a_shard_group_across_nodes(on_cuda, monkeypatch):
         check_parallelism(cfg, model_args_for_job(cfg), world_size=8)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     check_parallelism(cfg, model_args_for_job(cfg), world_size=8)
+
+
+@pytest.fixture
+def node_of_4(on_cuda, monkeypatch):
+    """Four visible GPUs that all reach each other."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "can_device_access_peer", lambda a, b: True)
+
+
+def chosen(choice="auto", fsdp_degree=4, tp=1, cp=1, pp=1, gpus_per_node=4):
+    return ce.uses_copy_engines(choice, fsdp_degree, tp, cp, pp, gpus_per_node)
+
+
+def test_auto_is_the_default_and_takes_the_copy_engines_for_fsdp_alone(node_of_4):
+    assert parse_args([]).parallelism.fsdp_all_gather == "auto"
+    assert chosen() == (True, "auto: FSDP alone, within one node")
+    assert chosen(fsdp_degree=2)[0]  # HSDP's shard groups of 2, or FSDP2
+
+
+@pytest.mark.parametrize(
+    "layout, why",
+    [
+        ({"tp": 2, "fsdp_degree": 2}, "not measured with TP"),
+        ({"cp": 2}, "not measured with CP"),
+        ({"pp": 2, "tp": 2, "fsdp_degree": 1}, "nothing to gather"),
+        ({"pp": 2, "fsdp_degree": 2}, "not measured with PP"),
+        ({"fsdp_degree": 8}, "spans more than one node"),
+    ],
+)
+def test_auto_keeps_nccl_elsewhere_and_says_why(node_of_4, layout, why):
+    use, reason = chosen(**layout)
+    assert not use and why in reason
+
+
+def test_auto_keeps_nccl_when_the_gpus_cannot_reach_each_other(node_of_4, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "can_device_access_peer", lambda a, b: (a, b) != (3, 1))
+    assert chosen() == (False, "auto: this node's GPUs cannot all map each other's memory")
+    monkeypatch.setattr(torch.cuda, "can_device_access_peer", lambda a, b: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # one GPU visible per rank
+    assert not chosen()[0]
+
+
+def test_auto_without_cuda_and_the_explicit_choices(node_of_4, monkeypatch):
+    assert chosen("nccl") == (False, "--parallelism.fsdp_all_gather nccl")
+    assert chosen("copy_engines", tp=2) == (True, "--parallelism.fsdp_all_gather copy_engines")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert chosen() == (False, "auto: nothing to gather on GPUs")

@@ -33,7 +33,7 @@ PipelineSchedule = Literal[
     "CSV",
 ]
 ReshardAfterForward = Literal["default", "always", "never"]
-FsdpAllGather = Literal["nccl", "copy_engines"]
+FsdpAllGather = Literal["auto", "nccl", "copy_engines"]
 LogitsLoss = Literal["auto", "in_place", "standard"]
 AsyncMode = Literal["disabled", "async", "async_with_pinned_mem"]
 ExcludableState = Literal["optimizer", "lr_scheduler", "dataloader", "train_state"]

@@ -224,9 +224,10 @@ class Parallelism(Section):
         " all-gathering the table",
     )
     fsdp_all_gather: FsdpAllGather = opt(
-        "nccl",
+        "auto",
         "how FSDP gathers each block's weights on CUDA: nccl, or copy_engines (peer copies over"
-        " torch symmetric memory within one node), which leaves every SM to the matmuls",
+        " torch symmetric memory within one node), which leaves every SM to the matmuls; auto:"
+        " copy_engines for FSDP/HSDP without TP, CP or PP within one node, nccl otherwise",
     )
     disable_loss_parallel: bool = opt(False, "with TP: gather the logits instead of loss parallel")
     enable_async_tensor_parallel: bool = opt(

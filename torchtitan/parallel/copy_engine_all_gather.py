@@ -71,6 +71,37 @@ def copy_engine_problem(fsdp_degree: int, tp: int, gpus_per_node: int, pp: int =
     return None
 
 
+def peers_reachable(gpus_per_node: int) -> bool:
+    """Whether every pair of this node's GPUs can map each other's memory (what symmetric memory
+    needs); False when a rank sees fewer GPUs than the node runs, so it cannot tell."""
+    if torch.cuda.device_count() < gpus_per_node:
+        return False
+    gpus = range(gpus_per_node)
+    return all(torch.cuda.can_device_access_peer(a, b) for a in gpus for b in gpus if a != b)
+
+
+def uses_copy_engines(
+    choice: str, fsdp_degree: int, tp: int, cp: int, pp: int, gpus_per_node: int
+) -> tuple[bool, str]:
+    """Whether FSDP's block all-gathers go to the copy engines, and why (for the log).
+
+    ``auto`` (the default) takes them where they were measured faster than NCCL's kernels: FSDP
+    or HSDP without TP, CP or PP, its shard group within one node whose GPUs reach each other
+    (docs/performance.md, findings 21 and 29). ``copy_engines`` was checked before launch."""
+    if choice != "auto":
+        return choice == "copy_engines", f"--parallelism.fsdp_all_gather {choice}"
+    if not torch.cuda.is_available() or fsdp_degree == 1:
+        return False, "auto: nothing to gather on GPUs"
+    others = [name for name, degree in (("TP", tp), ("CP", cp), ("PP", pp)) if degree > 1]
+    if others:
+        return False, f"auto: the copy engines are not measured with {' or '.join(others)}"
+    if copy_engine_problem(fsdp_degree, tp, gpus_per_node, pp) is not None:
+        return False, "auto: the shard group spans more than one node"
+    if not peers_reachable(gpus_per_node):
+        return False, "auto: this node's GPUs cannot all map each other's memory"
+    return True, "auto: FSDP alone, within one node"
+
+
 def symmetric_bytes() -> int:
     """Bytes of symmetric memory the copy-engine all-gathers hold (outside the caching
     allocator's figures)."""

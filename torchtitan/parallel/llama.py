@@ -16,6 +16,7 @@ outside the compiled graphs. The caller then materializes (``to_empty``) and ini
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 import torch
@@ -36,6 +37,7 @@ from torchtitan.parallel.activation_checkpoint import (
     checkpoints_whole_blocks,
 )
 from torchtitan.parallel.compile import apply_compile
+from torchtitan.parallel.copy_engine_all_gather import local_gpus, uses_copy_engines
 from torchtitan.parallel.float8 import (
     apply_float8,
     float8_tp_plan,
@@ -51,6 +53,8 @@ from torchtitan.parallel.vocab_parallel import VocabShardedHead
 if TYPE_CHECKING:  # only annotations: keeps the config module free to import parallel/ modules
     from torchtitan.config import JobConfig
     from torchtitan.parallel.dims import ParallelDims
+
+logger = logging.getLogger("torchtitan")
 
 # Where torchtitan.models.llama3.Transformer keeps its parts (a pipeline stage drops the
 # embedding on all but the first stage and the norm + head on all but the last).
@@ -113,6 +117,15 @@ def llama_root_plan(
     }
 
 
+def copy_engines_chosen(choice: str, dims: ParallelDims) -> bool:
+    """Whether FSDP's block all-gathers go to the copy engines (logged with the reason)."""
+    chosen, why = uses_copy_engines(
+        choice, dims.fsdp_degree, dims.tp, dims.cp, dims.pp, local_gpus()
+    )
+    logger.info("FSDP all-gather: %s (%s)", "copy engines" if chosen else "NCCL", why)
+    return chosen
+
+
 def parallelize_llama(model: nn.Module, dims: ParallelDims, cfg: JobConfig, device_type: str):
     """Apply every parallelism the config asks for to a (meta-device) Llama or pipeline stage
     of one, in place; returns the model."""
@@ -170,6 +183,6 @@ def parallelize_llama(model: nn.Module, dims: ParallelDims, cfg: JobConfig, devi
             input_group=LLAMA_INPUT_MODULES,
             output_group=LLAMA_OUTPUT_MODULES,
             embedding_rows_sharded=p.fsdp_sharded_embedding and dims.tp == 1,
-            copy_engine_all_gather=on_gpu and p.fsdp_all_gather == "copy_engines",
+            copy_engine_all_gather=on_gpu and copy_engines_chosen(p.fsdp_all_gather, dims),
         )
     return model
