@@ -77,10 +77,10 @@ def test_auto_is_the_default_and_takes_the_copy_engines_for_fsdp_alone(node_of_4
 @pytest.mark.parametrize(
     "layout, why",
     [
-        ({"tp": 2, "fsdp_degree": 2}, "not measured with TP"),
-        ({"cp": 2}, "not measured with CP"),
+        ({"tp": 2, "fsdp_degree": 2}, "NCCL's with TP"),
+        ({"cp": 2}, "NCCL's with CP"),
         ({"pp": 2, "tp": 2, "fsdp_degree": 1}, "nothing to gather"),
-        ({"pp": 2, "fsdp_degree": 2}, "not measured with PP"),
+        ({"pp": 2, "fsdp_degree": 2}, "NCCL's with PP"),
         ({"fsdp_degree": 8}, "spans more than one node"),
     ],
 )

@@ -87,14 +87,15 @@ def uses_copy_engines(
 
     ``auto`` (the default) takes them where they were measured faster than NCCL's kernels: FSDP
     or HSDP without TP, CP or PP, its shard group within one node whose GPUs reach each other
-    (docs/performance.md, findings 21 and 29). ``copy_engines`` was checked before launch."""
+    (docs/performance.md, findings 21 and 29; under CP they bought 0.4 %, for more memory).
+    ``copy_engines`` was checked before launch."""
     if choice != "auto":
         return choice == "copy_engines", f"--parallelism.fsdp_all_gather {choice}"
     if not torch.cuda.is_available() or fsdp_degree == 1:
         return False, "auto: nothing to gather on GPUs"
     others = [name for name, degree in (("TP", tp), ("CP", cp), ("PP", pp)) if degree > 1]
     if others:
-        return False, f"auto: the copy engines are not measured with {' or '.join(others)}"
+        return False, f"auto: NCCL's with {' and '.join(others)} (docs/parallelism.md)"
     if copy_engine_problem(fsdp_degree, tp, gpus_per_node, pp) is not None:
         return False, "auto: the shard group spans more than one node"
     if not peers_reachable(gpus_per_node):
