@@ -333,6 +333,27 @@ def test_recompute_costs_time_and_bubbles_shrink_with_microbatches():
     assert pp[1]["pipeline bubble"] / pp[1]["compute"] < pp[0]["pipeline bubble"] / pp[0]["compute"]
 
 
+def test_the_copy_engine_all_gather_is_estimated_where_the_trainer_takes_it():
+    """``auto`` takes the copy engines for FSDP alone within a node (COPY_ENGINE_GAIN on the
+    step), not with TP or across nodes; ``nccl`` never."""
+    from torchtitan.planning import calibration as cal
+
+    hw = make_hardware(4, card="H200")
+
+    def tps(layout, **kw):
+        work = workload("8B", seq_len=8192, **kw)
+        return estimate_time(work, layout, hw).tokens_per_second_per_gpu
+
+    fsdp4, fsdp2_tp2 = Layout(dp_shard=4), Layout(dp_shard=2, tp=2)
+    gain = tps(fsdp4) / tps(fsdp4, fsdp_all_gather="nccl")
+    assert gain == pytest.approx(cal.COPY_ENGINE_GAIN)
+    assert tps(fsdp2_tp2) == tps(fsdp2_tp2, fsdp_all_gather="nccl")
+    assert tps(fsdp2_tp2, fsdp_all_gather="copy_engines") > tps(fsdp2_tp2)
+    work = workload("8B", seq_len=8192)
+    assert not work.gathers_on_copy_engines(Layout(dp_shard=8), gpus_per_node=4)
+    assert parse_args([]).parallelism.fsdp_all_gather == work.fsdp_all_gather
+
+
 # ------------------------------------------------------------------------ calibration
 
 

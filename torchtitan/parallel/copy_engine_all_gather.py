@@ -80,27 +80,37 @@ def peers_reachable(gpus_per_node: int) -> bool:
     return all(torch.cuda.can_device_access_peer(a, b) for a in gpus for b in gpus if a != b)
 
 
-def uses_copy_engines(
-    choice: str, fsdp_degree: int, tp: int, cp: int, pp: int, gpus_per_node: int
+def auto_picks_copy_engines(
+    fsdp_degree: int, tp: int, cp: int, pp: int, gpus_per_node: int
 ) -> tuple[bool, str]:
-    """Whether FSDP's block all-gathers go to the copy engines, and why (for the log).
-
-    ``auto`` (the default) takes them where they were measured faster than NCCL's kernels: FSDP
-    or HSDP without TP, CP or PP, its shard group within one node whose GPUs reach each other
-    (docs/performance.md, findings 21 and 29; under CP they bought 0.4 %, for more memory).
-    ``copy_engines`` was checked before launch."""
-    if choice != "auto":
-        return choice == "copy_engines", f"--parallelism.fsdp_all_gather {choice}"
-    if not torch.cuda.is_available() or fsdp_degree == 1:
+    """``auto``'s rule from the layout alone (the planner's too), and why: the copy engines where
+    they were measured faster than NCCL's kernels, FSDP or HSDP without TP, CP or PP whose shard
+    group fits one node (docs/performance.md, findings 21 and 29; under CP they bought 0.4 %,
+    for more memory)."""
+    if fsdp_degree == 1:
         return False, "auto: nothing to gather on GPUs"
     others = [name for name, degree in (("TP", tp), ("CP", cp), ("PP", pp)) if degree > 1]
     if others:
         return False, f"auto: NCCL's with {' and '.join(others)} (docs/parallelism.md)"
-    if copy_engine_problem(fsdp_degree, tp, gpus_per_node, pp) is not None:
+    if fsdp_degree > gpus_per_node:
         return False, "auto: the shard group spans more than one node"
-    if not peers_reachable(gpus_per_node):
-        return False, "auto: this node's GPUs cannot all map each other's memory"
     return True, "auto: FSDP alone, within one node"
+
+
+def uses_copy_engines(
+    choice: str, fsdp_degree: int, tp: int, cp: int, pp: int, gpus_per_node: int
+) -> tuple[bool, str]:
+    """Whether FSDP's block all-gathers go to the copy engines, and why (for the log):
+    ``auto`` (the default) as :func:`auto_picks_copy_engines` decides, on CUDA GPUs that all
+    map each other's memory; ``copy_engines`` was checked before launch."""
+    if choice != "auto":
+        return choice == "copy_engines", f"--parallelism.fsdp_all_gather {choice}"
+    if not torch.cuda.is_available():
+        return False, "auto: nothing to gather on GPUs"
+    chosen, why = auto_picks_copy_engines(fsdp_degree, tp, cp, pp, gpus_per_node)
+    if chosen and not peers_reachable(gpus_per_node):
+        return False, "auto: this node's GPUs cannot all map each other's memory"
+    return chosen, why
 
 
 def symmetric_bytes() -> int:

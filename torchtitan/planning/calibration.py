@@ -71,6 +71,12 @@ PP_P2P_EXPOSED = 0.2
 # Per optimizer step: grad-norm clipping, zeroing, the loss/norm host syncs, Python, data.
 STEP_OVERHEAD_SECONDS = 0.015
 
+# The blocks' all-gathers on the copy engines (docs/performance.md, findings 21 and 29): the
+# matmuls they overlap keep their SMs. Same-call pairs against NCCL's all-gather: 8B FSDP4 bf16
+# +1.2 % (call 49, 4x H200); 8B FSDP2 on 2x H200 bf16 +1.4 %, Float8 tensorwise +0.6 % (call 82),
+# rowwise +1.0 % (call 81). Their mean, on the whole step.
+COPY_ENGINE_GAIN = 1.0105
+
 # End-to-end efficiency of each parallelism, fitted to the measured tokens/s (a layout's factor
 # is the product of its parts'): kernel launch gaps, Python overhead, imperfect overlap.
 LAYOUT_EFFICIENCY = {"base": 0.98, "fsdp": 0.90, "tp": 0.92, "pp": 1.0, "cp": 1.0}

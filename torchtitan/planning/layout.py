@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from torchtitan.config import JobConfig
 from torchtitan.inplace_loss import in_place_chosen
 from torchtitan.models.llama3 import ModelArgs, model_args_for_job
+from torchtitan.parallel.copy_engine_all_gather import auto_picks_copy_engines
 from torchtitan.parallel.dims import DerivedDegrees
 from torchtitan.planning.float8 import Float8Setting, converted_linears, tiled_cast_linears
 from torchtitan.planning.shapes import Shapes, shapes
@@ -160,6 +161,7 @@ class Workload:
     loss_chunk_tokens: int = 0  # training.loss_chunk_tokens: the fused, chunked head + loss
     logits_loss: str = "auto"  # training.logits_loss (the planner assumes CUDA)
     float8: Float8Setting | None = None  # [float8] with enable; None: bf16 linears
+    fsdp_all_gather: str = "auto"  # parallelism.fsdp_all_gather
 
     @classmethod
     def from_config(cls, cfg: JobConfig, compile: bool | None = None) -> Workload:
@@ -180,6 +182,7 @@ class Workload:
             loss_chunk_tokens=t.loss_chunk_tokens,
             logits_loss=t.logits_loss,
             float8=Float8Setting.from_config(cfg.float8),
+            fsdp_all_gather=p.fsdp_all_gather,
         )
 
     def loss_kind(self, layout: Layout) -> str:
@@ -220,6 +223,14 @@ class Workload:
         all-gather of the table, no reduce-scatter of its gradient): the flag, without TP, with
         FSDP sharding over more than one rank (parallel/llama.py, apply_fsdp)."""
         return self.sharded_embedding and layout.tp == 1 and layout.fsdp_degree > 1
+
+    def gathers_on_copy_engines(self, layout: Layout, gpus_per_node: int) -> bool:
+        """Whether FSDP all-gathers the blocks on the copy engines under ``layout``, as the
+        trainer decides on GPUs that map each other's memory (copy_engine_all_gather.py)."""
+        if self.fsdp_all_gather != "auto":
+            return self.fsdp_all_gather == "copy_engines" and layout.fsdp_degree > 1
+        degrees = (layout.fsdp_degree, layout.tp, layout.cp, layout.pp, gpus_per_node)
+        return auto_picks_copy_engines(*degrees)[0]
 
     def with_(self, **changes) -> Workload:
         return dataclasses.replace(self, **changes)

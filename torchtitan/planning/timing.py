@@ -209,9 +209,12 @@ def estimate_time(work: Workload, layout: Layout, hw: Hardware) -> TimeEstimate:
     if bubble:
         parts["pipeline bubble"] = parts["compute"] * bubble / (1 - bubble)
     samples = work.global_samples(layout)
+    efficiency = layout_efficiency(layout)
+    if work.gathers_on_copy_engines(layout, hw.gpus_per_node):
+        efficiency *= cal.COPY_ENGINE_GAIN
     return TimeEstimate(
         parts=parts,
-        efficiency=layout_efficiency(layout),
+        efficiency=efficiency,
         tokens_per_step=samples * work.seq_len,
         world_size=layout.world_size,
         flops_per_token=work.model.flops_per_token(work.seq_len),
