@@ -116,9 +116,9 @@ def _cast_columnwise(x_2d: torch.Tensor, role: GemmInputRole, mm_config, config)
     """``x_2d`` cast with one scale per column through ``float8_cast_columnwise``, as the
     column-major operand of a weight-gradient matmul."""
     cast = (
-        config.cast_config_grad_output
+        config.cast_config_grad_output_for_grad_weight
         if role is GemmInputRole.GRAD_OUTPUT
-        else config.cast_config_input
+        else config.cast_config_input_for_grad_weight
     )
     bits_t, scale = float8_cast_columnwise(
         x_2d, cast.target_dtype, config.round_scales_to_power_of_2
