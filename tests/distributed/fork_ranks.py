@@ -23,6 +23,7 @@ saves even the parent's imports); the tests of launching itself (signals, restar
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import runpy
 import signal
@@ -76,6 +77,7 @@ def run_rank(rank: int, nproc: int, port: int, log: Path, target: list[str]) -> 
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
+        faulthandler.enable(all_threads=True)  # a rank that crashes (SIGSEGV) logs its stacks
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         run_target(target)
 
