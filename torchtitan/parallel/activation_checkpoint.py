@@ -85,9 +85,16 @@ def checkpoints_whole_blocks(mode: str, selective_ac_option: str = "op") -> bool
     return mode != "none" and not _uses_selective_op_policy(mode, selective_ac_option)
 
 
+def _checkpoint_every(mode: str, selective_ac_option: str) -> int:
+    """``apply_ac`` wraps every N-th block (mode not "none")."""
+    if mode == "full" or _uses_selective_op_policy(mode, selective_ac_option):
+        return 1
+    return int(selective_ac_option)
+
+
 def checkpoints_every_block(mode: str, selective_ac_option: str = "op") -> bool:
     """Whether ``apply_ac`` checkpoints every block (fully or with the selective-op policy)."""
-    return mode == "full" or (mode == "selective" and selective_ac_option in ("op", "1"))
+    return mode != "none" and _checkpoint_every(mode, selective_ac_option) == 1
 
 
 def apply_ac(
@@ -108,6 +115,5 @@ def apply_ac(
     if mode == "none":
         return
     selective_op = _uses_selective_op_policy(mode, selective_ac_option)
-    every = 1 if mode == "full" or selective_op else int(selective_ac_option)
     wrap = partial(_wrap, selective=selective_op, save_matmuls=save_matmuls)
-    replace_blocks(model, wrap, blocks_attr, every)
+    replace_blocks(model, wrap, blocks_attr, _checkpoint_every(mode, selective_ac_option))
