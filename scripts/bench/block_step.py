@@ -2,7 +2,7 @@
 
     python scripts/bench/block_step.py [--impl ours|ref] [--rope pairs|swap|complex] [--float8]
         [--recipe tensorwise|rowwise|rowwise_with_gw_hp] [--torchao-backward | --tiled-cast FQN ...]
-        [--torchao-input-cast]
+        [--torchao-input-cast] [--keep-float8-casts]
         [--residual float32|bfloat16] [--fuse]
         [--ac none|selective|full] [--params float32|bfloat16] [--inductor KEY=VALUE ...]
         [--flavor 1B] [--batch 4] [--seq 8192] [--iters 20] [--top 20]
@@ -14,7 +14,8 @@ as the model passed it before docs/performance.md finding 23; bfloat16, the defa
 since); the block compiled alone with ``fullgraph=True`` (the trainer compiles each block so);
 optionally every linear converted to tensorwise float8 (ours: as the trainer converts them, with
 our backward unless ``--torchao-backward``; ``--tiled-cast`` replaces ``--float8.tiled_cast_fqns``;
-rowwise under ``--ac``: the inputs' column-wise cast ours unless ``--torchao-input-cast``;
+rowwise: the inputs' column-wise cast ours unless ``--torchao-input-cast``; our casts recomputed
+in the backward unless ``--keep-float8-casts``;
 ref: torchao's Float8Linear). Prints the median milliseconds of one forward + backward (CUDA
 events), the peak memory allocated above the inputs, the kernel time of one traced step by category
 (matmul, attention, inductor reductions and pointwise kernels) and its kernels longest first, so
@@ -148,8 +149,15 @@ def build(args):
         cfg = dataclasses.replace(cfg, own_backward=not args.torchao_backward)
         if args.tiled_cast is not None:
             cfg = dataclasses.replace(cfg, tiled_cast_fqns=args.tiled_cast)
-        checkpointed = args.ac != "none" and not args.torchao_input_cast
-        apply_float8(block, cfg, checkpointed=checkpointed)
+        apply_float8(block, cfg)
+        if args.torchao_input_cast:
+            for module in block.modules():
+                if hasattr(module, "columnwise_input_cast"):
+                    module.columnwise_input_cast = False
+        if args.keep_float8_casts:  # as before the joint-graph pass of float8_recompute.py
+            import torch._inductor.config as inductor_config
+
+            inductor_config.joint_custom_pre_pass = None
     elif args.float8:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
@@ -276,7 +284,13 @@ def main() -> None:
     p.add_argument(
         "--torchao-input-cast",
         action="store_true",
-        help="ours, rowwise under --ac: torchao's column-wise cast of the inputs",
+        help="ours, rowwise: torchao's column-wise cast of the inputs",
+    )
+    p.add_argument(
+        "--keep-float8-casts",
+        action="store_true",
+        help="ours, float8: without the pass that recomputes our casts in the backward "
+        "(float8_recompute.py); without AC the forward runs and keeps them",
     )
     p.add_argument(
         "--tiled-cast",

@@ -198,7 +198,7 @@ def test_rowwise_fsdp2_tp2_full_ac_matches_single_process(seed_checkpoint, tmp_p
     """Rowwise scales are per row of each matmul operand (a token's activations, a weight's
     output row), so no layout or batch grouping changes them (with whole-tensor rows under TP,
     not ``tp_shard_scales``' shard rows): the reference trains batch 8, with our rowwise
-    backward (column-wise casts of gradients and, checkpointed, inputs), against torchao's."""
+    backward (column-wise casts of gradients and inputs), against torchao's."""
     rowwise = [
         *FLOAT8,
         "--float8.recipe=rowwise",

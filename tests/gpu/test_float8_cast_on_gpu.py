@@ -75,6 +75,15 @@ def linears(tiled: bool):
     return torchao, ours
 
 
+def compiled_as_trained(model):
+    """``model`` compiled with the trainer's joint-graph pass, which recomputes our casts in the
+    backward (float8_recompute.py; without AC the forward would run them otherwise)."""
+    from torchtitan.parallel.float8_recompute import recompute_float8_casts_in_backward
+
+    recompute_float8_casts_in_backward()
+    return torch.compile(model)
+
+
 def step(model, x, grad):
     torch._dynamo.reset()
     x = x.detach().clone().requires_grad_()
@@ -93,7 +102,7 @@ def test_linear_matches_torchaos_float8_linear(compiled, tiled):
     grad = torch.randn(2, 4096, 1024, device="cuda", generator=g).bfloat16()
     want = step(torchao, x, grad)
     with unittest.mock.patch("torch._inductor.config.emulate_precision_casts", True):
-        got = step(torch.compile(ours) if compiled else ours, x, grad)
+        got = step(compiled_as_trained(ours) if compiled else ours, x, grad)
     for name, w, o in zip(["out", "x.grad", "w1.grad", "w2.grad"], want, got):
         assert torch.equal(o, w), f"{name}: {(o - w).float().norm() / w.float().norm():.2e}"
 
@@ -147,6 +156,6 @@ def test_rowwise_linear_matches_torchaos_float8_linear(compiled, input_cast):
     grad = torch.randn(2, 4096, 1024, device="cuda", generator=g).bfloat16()
     with unittest.mock.patch("torch._inductor.config.emulate_precision_casts", True):
         want = step(torch.compile(torchao) if compiled else torchao, x, grad)
-        got = step(torch.compile(ours) if compiled else ours, x, grad)
+        got = step(compiled_as_trained(ours) if compiled else ours, x, grad)
     for name, w, o in zip(["out", "x.grad", "w1.grad", "w2.grad"], want, got):
         assert torch.equal(o, w), f"{name}: {(o - w).float().norm() / w.float().norm():.2e}"

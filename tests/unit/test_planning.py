@@ -16,7 +16,7 @@ from torchtitan.planning.activations import (
     loss_peak_bytes_per_token,
 )
 from torchtitan.planning.compare import _old_code_bytes, compare_point, load_points
-from torchtitan.planning.float8 import Float8Setting, converted_linears, tiled_cast_linears
+from torchtitan.planning.float8 import Float8Setting, converted_linears
 from torchtitan.planning.hardware import make_hardware
 from torchtitan.planning.layout import Layout, Workload
 from torchtitan.planning.memory import _rank_memory, estimate_memory, param_counts, rank_params
@@ -172,26 +172,6 @@ def test_float8_linears_follow_the_trainers_rule(flavor, options, expected):
     planned = converted_linears(Float8Setting.from_config(cfg), shapes(get_model_args(flavor)))
     assert planned == expected == _trainer_converted(flavor, cfg)
     assert Float8Setting.from_config(Float8()) is None
-
-
-def test_tiled_float8_casts_are_kept_without_ac():
-    """Our backward's tiled casts of the two norm outputs run in the forward of a compiled
-    AC-off block and are kept, 1 byte per element (tests/unit/test_float8_backward.py); under AC
-    they are recomputed. The planner gets the tiled linears from the trainer's options."""
-    model, every = get_model_args("1B"), frozenset({"wq", "wk", "wv", "wo", "w1", "w2", "w3"})
-    setting = Float8Setting.from_config(Float8(enable=True))
-    tiled = tiled_cast_linears(setting, shapes(model))
-    assert tiled == {"wq", "wk", "wv", "w1", "w3"}
-    off = dataclasses.replace(setting, own_backward=False)
-    assert tiled_cast_linears(off, shapes(model)) == frozenset()
-    plain = block_bytes_per_token(model, "none", float8=every)
-    assert (
-        block_bytes_per_token(model, "none", float8=every, float8_tiled=tiled) == plain + 2 * 2048
-    )
-    for kind in ("all", "alternate", "full"):
-        assert block_bytes_per_token(
-            model, kind, float8=every, float8_tiled=tiled
-        ) == block_bytes_per_token(model, kind, float8=every)
 
 
 def test_float8_activation_and_weight_bytes():

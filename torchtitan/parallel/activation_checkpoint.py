@@ -92,11 +92,6 @@ def _checkpoint_every(mode: str, selective_ac_option: str) -> int:
     return int(selective_ac_option)
 
 
-def checkpoints_every_block(mode: str, selective_ac_option: str = "op") -> bool:
-    """Whether ``apply_ac`` checkpoints every block (fully or with the selective-op policy)."""
-    return mode != "none" and _checkpoint_every(mode, selective_ac_option) == 1
-
-
 def apply_ac(
     model: nn.Module,
     mode: str,

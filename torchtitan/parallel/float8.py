@@ -135,7 +135,6 @@ class Float8Conversion:
     tiled: list[str] = dataclasses.field(default_factory=list)  # our backward, tiled input cast
     fused_all_gather_casts: int = 0  # weights cast for FSDP's float8 all-gather by our kernel
     rowwise_backward: int = 0  # linears running our rowwise backward
-    rowwise_inputs_cast: bool = False  # their inputs' column-wise cast ours too
 
     def summary(self, cfg: Float8) -> str:
         kept: dict[str, str] = {}
@@ -151,10 +150,9 @@ class Float8Conversion:
             tiled = ", ".join(dict.fromkeys(map(_pattern, self.tiled))) or "none"
             line += f"; our tensorwise backward, input cast tiled in: {tiled}"
         if self.rowwise_backward:
-            cast = "output gradients and inputs" if self.rowwise_inputs_cast else "output gradients"
             line += (
-                f"; our rowwise backward in {self.rowwise_backward} linears ({cast} cast "
-                "column-wise in a kernel of our own)"
+                f"; our rowwise backward in {self.rowwise_backward} linears (output gradients "
+                "and inputs cast column-wise in a kernel of our own)"
             )
         if self.fused_all_gather_casts:
             line += (
@@ -164,15 +162,13 @@ class Float8Conversion:
         return line
 
 
-def apply_float8(
-    model: nn.Module, cfg: Float8, fsdp_sharded: bool = False, checkpointed: bool = False
-) -> Float8Conversion:
+def apply_float8(model: nn.Module, cfg: Float8, fsdp_sharded: bool = False) -> Float8Conversion:
     """Swap the eligible linears of ``model`` for ``Float8Linear`` in place; log one summary.
 
     Call it on the meta-device model before TP and FSDP (``fsdp_sharded``: whether FSDP will
-    shard the weights, which turns on float8 all-gather if configured; ``checkpointed``: whether
-    activation checkpointing will recompute the blocks, which lets rowwise linears cast their
-    inputs column-wise with our kernels at no memory cost).
+    shard the weights, which turns on float8 all-gather if configured). With our backwards
+    (``own_backward``), graphs compiled from then on recompute our casts in the backward
+    (``float8_recompute.py``).
     """
     ao = import_torchao_float8()
     skipped: dict[str, str] = {}
@@ -192,18 +188,20 @@ def apply_float8(
         config=float8_linear_config(cfg, fsdp_sharded),
     )
     tiled, rowwise = [], 0
+    if cfg.own_backward:
+        from torchtitan.parallel.float8_recompute import recompute_float8_casts_in_backward
+
+        recompute_float8_casts_in_backward()
     if cfg.recipe == "tensorwise" and cfg.own_backward:
         tiled = use_own_backward(model, cfg.tiled_cast_fqns)
     if cfg.recipe == "rowwise" and cfg.own_backward:
-        rowwise = use_rowwise_backward(model, columnwise_input_cast=checkpointed)
+        rowwise = use_rowwise_backward(model)
     fused = 0
     if cfg.fused_all_gather_cast and cfg.precompute_scales:
         from torchtitan.parallel.float8_all_gather import use_fused_all_gather_cast
 
         fused = use_fused_all_gather_cast(model)
-    conversion = Float8Conversion(
-        converted, skipped, tiled, fused, rowwise, rowwise_inputs_cast=rowwise > 0 and checkpointed
-    )
+    conversion = Float8Conversion(converted, skipped, tiled, fused, rowwise)
     logger.info(conversion.summary(cfg))
     if not converted:
         logger.warning(
@@ -230,10 +228,9 @@ def use_own_backward(model: nn.Module, tiled_cast_fqns: Iterable[str]) -> list[s
     return tiled
 
 
-def use_rowwise_backward(model: nn.Module, columnwise_input_cast: bool = False) -> int:
+def use_rowwise_backward(model: nn.Module) -> int:
     """Make ``model``'s rowwise float8 linears run our rowwise backward
-    (float8_rowwise_matmul.py), their inputs' column-wise cast ours too if
-    ``columnwise_input_cast``; returns how many."""
+    (float8_rowwise_matmul.py); returns how many."""
     from torchao.float8.float8_linear import Float8Linear
 
     from torchtitan.parallel.float8_rowwise_matmul import Float8RowwiseLinear, is_rowwise
@@ -242,7 +239,6 @@ def use_rowwise_backward(model: nn.Module, columnwise_input_cast: bool = False) 
     for module in model.modules():
         if type(module) is Float8Linear and is_rowwise(module.config):
             module.__class__ = Float8RowwiseLinear
-            module.columnwise_input_cast = columnwise_input_cast
             changed += 1
     return changed
 

@@ -1,4 +1,4 @@
-"""The rowwise float8 matmul of a linear, with the output gradient's column-wise cast our own.
+"""The rowwise float8 matmul of a linear, with the weight gradient's column-wise casts our own.
 
 Rowwise float8 casts each matmul operand with one scale per row of the matmul's reduction: the
 output gradient along its rows for the input-gradient matmul, and along its columns (one scale
@@ -13,13 +13,10 @@ matmul's column-wise casts go through ``float8_cast_columnwise``, an operator in
 fuse: a one-read column amax and a tiled transposed cast (``float8_cast_kernel``), or torchao's
 own cast off CUDA.
 
-* The output gradient always takes it: it exists in the backward alone, so the partitioner
-  cannot move the operator into the forward.
-* The input takes it with ``columnwise_input_cast``, for linears whose block is checkpointed.
-  Without activation checkpointing the partitioner would run the operator in the forward (its
-  input is a forward value it may not recompute) and keep its float8 result beside what it keeps
-  anyway, 1 byte per input element more (the tensorwise backward's memory cost, finding 25);
-  under checkpointing it runs in the backward's recompute and nothing more is kept.
+Both operands take it: the output gradient, and the input unless ``columnwise_input_cast`` is
+off (benchmarks compare with torchao's cast so). The input's cast runs in the backward under
+activation checkpointing (the recompute) and without it (``float8_recompute.py``'s pass), so the
+forward keeps nothing more than for torchao's backward.
 
 Other recipes, DTensor operands and inputs already in float8 run torchao's function:
 ``rowwise_float8_matmul`` picks.
@@ -176,11 +173,11 @@ class RowwiseFloat8Matmul(torch.autograd.Function):
 
 
 class Float8RowwiseLinear(Float8Linear):
-    """torchao's ``Float8Linear`` whose matmul is ``rowwise_float8_matmul``, the input's
-    column-wise cast ours when ``columnwise_input_cast`` (both set per module by
-    ``torchtitan.parallel.float8.use_rowwise_backward``)."""
+    """torchao's ``Float8Linear`` whose matmul is ``rowwise_float8_matmul`` (set per module by
+    ``torchtitan.parallel.float8.use_rowwise_backward``); ``columnwise_input_cast`` False: the
+    input's column-wise cast torchao's."""
 
-    columnwise_input_cast = False
+    columnwise_input_cast = True
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return float8_linear_forward(self, input, rowwise_float8_matmul)

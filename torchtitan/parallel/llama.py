@@ -33,7 +33,6 @@ from torch.distributed.tensor.parallel import (
 from torchtitan.dtypes import DTYPES
 from torchtitan.parallel.activation_checkpoint import (
     apply_ac,
-    checkpoints_every_block,
     checkpoints_whole_blocks,
 )
 from torchtitan.parallel.compile import apply_compile
@@ -132,8 +131,7 @@ def parallelize_llama(model: nn.Module, dims: ParallelDims, cfg: JobConfig, devi
     p = cfg.parallelism
     ac = cfg.activation_checkpoint
     if cfg.float8.enable:  # first: TP styles and FSDP wrap the swapped-in Float8Linear modules
-        checkpointed = checkpoints_every_block(ac.mode, ac.selective_ac_option)
-        apply_float8(model, cfg.float8, dims.fsdp_degree > 1, checkpointed)
+        apply_float8(model, cfg.float8, dims.fsdp_degree > 1)
     if dims.tp > 1:
         root_plan = llama_root_plan(
             not p.disable_loss_parallel, fused_loss=cfg.training.loss_chunk_tokens > 0

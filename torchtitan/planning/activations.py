@@ -12,10 +12,9 @@ compiler saves the tensors it is recomputed from (norm input and 1/RMS, w1 and w
 redoes the pointwise float8 cast in backward. Selective AC saves matmul outputs, not inputs, so
 it keeps the same bytes as bf16. (CPU, ``saved_tensors_hooks`` on a compiled block with
 torchao's emulated float8, 2026-11-26: 1B AC off 74.13 -> 54.13 KiB with wk/wv in bf16, 50.13
-with all seven float8; selective all unchanged; docs/planning.md.) With our tensorwise backward
-(``--float8.own_backward``), a compiled AC-off block casts each norm output that feeds a linear
-with the tiled input cast to float8 in the forward and keeps it: 1 byte per element
-(tests/unit/test_float8_backward.py; 1B AC off on an H200, call 69: 51.98 -> 53.58 GiB).
+with all seven float8; selective all unchanged; docs/planning.md.) Our float8 backwards keep the
+same: their casts are recomputed in the backward (``torchtitan.parallel.float8_recompute``;
+tests/unit/test_float8_backward.py).
 """
 
 from __future__ import annotations
@@ -65,17 +64,15 @@ def block_bytes_per_token(
     autocast: bool = False,
     compiled: bool = True,
     float8: frozenset[str] = frozenset(),
-    float8_tiled: frozenset[str] = frozenset(),
 ) -> float:
     """Bytes one block keeps for backward per token of this rank's (sequence) share.
 
     autocast: one GPU without FSDP (fp32 weights). The residual stream is bf16 there too: the
     model casts the embedding's output to autocast's dtype (docs/performance.md, finding 23).
     cp > 1: ring attention also keeps about the K/V of the other CP ranks (none and selective
-    modes; calibration.CP_SAVED_KV). float8: the block linears that run in float8;
-    float8_tiled: those of them whose input cast is tiled (planning.float8.tiled_cast_linears).
+    modes; calibration.CP_SAVED_KV). float8: the block linears that run in float8.
     """
-    return _block_bytes(shapes(model), kind, tp, cp, bf16, autocast, compiled, float8, float8_tiled)
+    return _block_bytes(shapes(model), kind, tp, cp, bf16, autocast, compiled, float8)
 
 
 def _recomputed_for_float8(users: tuple, float8: frozenset, tp: int, compiled: bool) -> bool:
@@ -83,15 +80,13 @@ def _recomputed_for_float8(users: tuple, float8: frozenset, tp: int, compiled: b
 
 
 @functools.lru_cache(maxsize=4096)
-def _block_bytes(w: Shapes, kind, tp, cp, bf16, autocast, compiled, float8, tiled) -> float:
+def _block_bytes(w: Shapes, kind, tp, cp, bf16, autocast, compiled, float8) -> float:
     act = 2 if bf16 else 4
     total = 0.0
     for _, width, sharded, modes, users in BLOCK_TENSORS:
         share = getattr(w, width) / (tp if sharded else 1)
         if kind in modes and not _recomputed_for_float8(users, float8, tp, compiled):
             total += act * share
-        if kind == "none" and compiled and tiled.intersection(users):
-            total += share  # its float8 cast, kept from the forward
     for extra in FP32_EXTRAS.get(kind, ()):
         total += 4 * (getattr(w, extra) if isinstance(extra, str) else extra) / tp
     if tp > 1 and kind in ("all", "alternate"):

@@ -5,7 +5,6 @@ pure function of a linear's FQN and shape, so the planner needs neither torchao 
 
     setting = Float8Setting.from_config(cfg.float8)      # None without --float8.enable
     converted_linears(setting, shapes(model))            # frozenset({"wq", "wo", "w1", ...})
-    tiled_cast_linears(setting, shapes(model))           # those whose input cast is tiled
 """
 
 from __future__ import annotations
@@ -39,8 +38,6 @@ class Float8Setting:
     skip_small: bool = False
     filter_fqns: tuple[str, ...] = (HEAD,)
     tp_shard_scales: bool = True
-    own_backward: bool = True
-    tiled_cast_fqns: tuple[str, ...] = tuple(Float8().tiled_cast_fqns)
 
     @classmethod
     def from_config(cls, cfg: Float8) -> Float8Setting | None:
@@ -52,8 +49,6 @@ class Float8Setting:
             cfg.skip_small,
             tuple(cfg.filter_fqns),
             scales_tp_shards(cfg),
-            cfg.own_backward,
-            tuple(cfg.tiled_cast_fqns),
         )
 
     @property
@@ -84,15 +79,3 @@ def converted_linears(setting: Float8Setting | None, model: Shapes) -> frozenset
         if shape_skip_reason(fqn, k, n, setting) is None:
             converted.add(name)
     return frozenset(converted)
-
-
-def tiled_cast_linears(setting: Float8Setting | None, model: Shapes) -> frozenset[str]:
-    """Short names of the converted block linears whose weight gradient's float8 input the
-    trainer casts in the tiled kernel (``torchtitan.parallel.float8.use_own_backward``)."""
-    if setting is None or setting.recipe != "tensorwise" or not setting.own_backward:
-        return frozenset()
-    return frozenset(
-        name
-        for name in converted_linears(setting, model) - {HEAD}
-        if any(part in f"layers.0.{BLOCK_LINEAR_FQNS[name]}" for part in setting.tiled_cast_fqns)
-    )

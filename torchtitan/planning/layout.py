@@ -13,7 +13,7 @@ from torchtitan.inplace_loss import in_place_chosen
 from torchtitan.models.llama3 import ModelArgs, model_args_for_job
 from torchtitan.parallel.copy_engine_all_gather import auto_picks_copy_engines
 from torchtitan.parallel.dims import DerivedDegrees
-from torchtitan.planning.float8 import Float8Setting, converted_linears, tiled_cast_linears
+from torchtitan.planning.float8 import Float8Setting, converted_linears
 from torchtitan.planning.shapes import Shapes, shapes
 
 
@@ -202,11 +202,6 @@ class Workload:
     def float8_linears(self) -> frozenset[str]:
         """The linears that run in float8 (wq ... w3 of every block, "output" for the head)."""
         return converted_linears(self.float8, self.shape)
-
-    @functools.cached_property
-    def float8_tiled(self) -> frozenset[str]:
-        """The float8 block linears whose weight gradient's input cast is tiled (our backward)."""
-        return tiled_cast_linears(self.float8, self.shape)
 
     def float8_gathered(self, layout: Layout) -> frozenset[str]:
         """The float8 linears whose weights FSDP all-gathers in float8 under ``layout``."""

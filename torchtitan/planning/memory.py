@@ -197,7 +197,6 @@ def _block_kwargs(work: Workload, layout: Layout) -> dict:
         autocast=work.bf16 and not layout.data_parallel,
         compiled=work.compile,
         float8=work.float8_linears,
-        float8_tiled=work.float8_tiled,
     )
 
 
