@@ -9,7 +9,10 @@ with the trainer's own ``build_optimizer`` and ``clip_grad_norm``:
 * ``fused+clip``: the global norm, ``clip_grads_with_norm_``, then ``AdamW(fused=True)``;
 * ``fused+scale``: the norm, then the fused kernel dividing by ``grad_scale`` (no clip pass);
 * ``compiled+scale``: the norm, then ``CompiledAdamW`` (one compiled kernel per parameter);
-* ``foreach+clip``: the norm, clip, ``AdamW(foreach=True)``.
+* ``foreach+clip``: the norm, clip, ``AdamW(foreach=True)``;
+* with ``--compiled-kernels``, ``CompiledAdamW``'s step alone (no norm) with its kernel compiled
+  each way of ``KERNELS``: dynamic sizes (the default), static sizes (one kernel per shape), and
+  each with inductor's coordinate-descent tuning.
 
 Prints milliseconds per step (median) and the bandwidth that 28 bytes per parameter (read
 weight, gradient and moments, write weight and moments) would need at that time, and checks
@@ -76,6 +79,33 @@ def build_step(params, implementation: str, fold_clipping: bool, device):
     return step
 
 
+# name: torch.compile keyword arguments for ``compiled_adamw._adam_update``
+KERNELS = {
+    "compiled, dynamic": dict(dynamic=True),
+    "compiled, static": dict(dynamic=False),
+    "compiled, dynamic, tuned": dict(dynamic=True, options={"coordinate_descent_tuning": True}),
+    "compiled, static, tuned": dict(dynamic=False, options={"coordinate_descent_tuning": True}),
+}
+
+
+def time_kernel(kwargs: dict, sizes, device, warmup: int, iters: int):
+    """``CompiledAdamW``'s step alone, its update compiled with ``kwargs``."""
+    from torchtitan import compiled_adamw
+
+    torch._dynamo.reset()
+    compiled_adamw._compiled_update = torch.compile(
+        compiled_adamw._adam_update, fullgraph=True, **kwargs
+    )
+    params = make_params(sizes, device)
+    cfg = Optimizer(lr=3e-4, beta2=0.999, weight_decay=0.1, implementation="compiled")
+    opt = build_optimizer(params, cfg, device.type)
+    for _ in range(warmup):
+        opt.step()
+    times = [elapsed_ms(opt.step, device) for _ in range(iters)]
+    compiled_adamw._compiled_update = None
+    return statistics.median(times)
+
+
 def elapsed_ms(fn, device) -> float:
     if device.type != "cuda":  # a smoke run of this script on CPU
         start = time.perf_counter()
@@ -111,6 +141,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--compiled-kernels", action="store_true")
     args = ap.parse_args()
     device = torch.device(args.device)
     sizes = shapes(args.flavor, args.shard)
@@ -129,6 +160,11 @@ def main() -> None:
             diff = max((a - b).abs().max().item() for a, b in zip(first, weights))
         print(f"  {name:16s} {ms:8.2f} ms   {gbps:7.0f} GB/s at 28 B/param   max |dw| {diff:.1e}")
         assert diff < 1e-5, f"{name} weights differ from the first variant's by {diff}"
+    if args.compiled_kernels:
+        for name, kwargs in KERNELS.items():
+            ms = time_kernel(kwargs, sizes, device, args.warmup, args.iters)
+            gbps = numel * STEP_BYTES_PER_PARAM / (ms * 1e-3) / 1e9
+            print(f"  step only, {name:26s} {ms:8.2f} ms   {gbps:7.0f} GB/s at 28 B/param")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(items):
     """Rerun a test here once if, and only if, it failed with ``RankAborted`` (a rank died of
-    SIGABRT in torch's C++, see launch.py); any other failure fails at once."""
+    SIGABRT or SIGSEGV in torch's C++, see launch.py); any other failure fails at once."""
     rerun = pytest.mark.flaky(reruns=1, only_rerun=["^RankAborted:"])
     for item in items:
         if item.path.is_relative_to(HERE):

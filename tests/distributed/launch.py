@@ -56,10 +56,13 @@ def torchrun_cmd(nproc: int) -> list[str]:
 
 
 class RankAborted(AssertionError):
-    """A multi-rank job failed because a rank died of SIGABRT: a C++ abort inside torch, not a
-    Python error. CI lost a run to it once (a rank of the 16-rank 4D layout; the others then saw
-    gloo's "Connection closed by peer"); 23 runs of that layout here did not reproduce it.
-    tests/distributed reruns such a test once (conftest.py); pytest's summary lists the rerun."""
+    """A multi-rank job failed because a rank died of SIGABRT or SIGSEGV inside torch's C++, not
+    of a Python error. CI lost a run to SIGABRT once (a rank of the 16-rank 4D layout; the others
+    then saw gloo's "Connection closed by peer"; 23 runs of that layout here did not reproduce
+    it), and two to SIGSEGV (CPU FSDP2xTP2 runs of two different tests, 2026-11-28 and -29, each
+    passing on rerun). tests/distributed reruns such a test once (conftest.py); pytest's summary
+    lists the rerun with the first failure, which carries the crashed rank's stacks
+    (``crash_stacks``)."""
 
 
 def run_ranks(nproc: int, target: list[str], timeout: int = 300) -> str:
@@ -93,8 +96,19 @@ def rank_log_tails(logs: Path | None, lines: int = 12) -> str:
         if text:
             tail = "\n".join(text.splitlines()[-lines:])
             aborted = any(word in text for word in ("terminate called", "Fatal Python", "Signal "))
-            tails.append((not aborted, int(log.stem.split("_")[1]), tail))
+            tails.append((not aborted, int(log.stem.split("_")[1]), crash_stacks(text) or tail))
     return "".join(f"\n--- rank {rank} log ---\n{tail}" for _, rank, tail in sorted(tails))
+
+
+def crash_stacks(text: str, most: int = 120) -> str:
+    """faulthandler's report in a rank's log (from "Fatal Python error" to its list of
+    extension modules: every thread's stack, the crashing one marked "Current thread"), at most
+    ``most`` lines; "" without one. A tail of the log would show only the bottom frames."""
+    start = text.find("Fatal Python error")
+    if start < 0:
+        return ""
+    report = text[start:].split("\nExtension modules:")[0].splitlines()
+    return "\n".join(report[:most])
 
 
 def run_checked(cmd: list[str], timeout: int, rank_logs: Path | None = None) -> str:
@@ -114,7 +128,8 @@ def run_checked(cmd: list[str], timeout: int, rank_logs: Path | None = None) -> 
         ranks = rank_log_tails(rank_logs)
         raise AssertionError(f"timed out after {timeout}s: {cmd}\n{out[-3000:]}{ranks}")
     if returncode != 0:
-        failure = RankAborted if "(SIGABRT)" in out else AssertionError
+        crashed = "(SIGABRT)" in out or "(SIGSEGV)" in out
+        failure = RankAborted if crashed else AssertionError
         ranks = rank_log_tails(rank_logs)
         raise failure(f"failed (rc={returncode}): {cmd}\n{out[-5000:]}{ranks}")
     return out

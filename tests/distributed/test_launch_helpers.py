@@ -1,6 +1,7 @@
-"""The launch helpers tell a rank's C++ abort (the only failure tests/distributed reruns) from
-any other failure, a failed trainer launch shows every rank's last words, a rank that dies
-stops the others, and a run past its timeout is killed with every process it started."""
+"""The launch helpers tell a rank's C++ abort or segfault (the only failures tests/distributed
+reruns) from any other failure and show a segfaulted rank's stacks; a failed trainer launch
+shows every rank's last words, a rank that dies stops the others, and a run past its timeout is
+killed with every process it started."""
 
 import sys
 import time
@@ -12,8 +13,10 @@ from tests.distributed.launch import RankAborted, run_ranks, run_trainer
 
 # Rank 1 ends the way its argument says; rank 0 exits cleanly.
 ENDING = """
-import os, sys
+import ctypes, os, sys
 if os.environ["RANK"] == "1":
+    if sys.argv[1] == "segfault":
+        ctypes.string_at(0)  # reads address 0
     os.abort() if sys.argv[1] == "abort" else sys.exit(3)
 """
 
@@ -59,6 +62,14 @@ def running(pid: int) -> bool:
 def test_a_rank_that_aborts_raises_rank_aborted(tmp_path):
     with pytest.raises(RankAborted, match="SIGABRT"):
         launch_ending(tmp_path, "abort")
+
+
+def test_a_rank_that_segfaults_raises_rank_aborted_with_its_stacks(tmp_path):
+    with pytest.raises(RankAborted, match="SIGSEGV") as failure:
+        launch_ending(tmp_path, "segfault")
+    message = str(failure.value)
+    assert "--- rank 1 log ---\nFatal Python error: Segmentation fault" in message, message[-2000:]
+    assert "Current thread" in message and "ending.py" in message, message[-2000:]
 
 
 def test_a_rank_that_exits_with_an_error_is_an_ordinary_failure(tmp_path):
