@@ -334,6 +334,28 @@ def test_the_copy_engine_all_gather_is_estimated_where_the_trainer_takes_it():
     assert parse_args([]).parallelism.fsdp_all_gather == work.fsdp_all_gather
 
 
+def test_the_one_kernel_all_gather_cast_is_estimated_where_the_trainer_uses_it():
+    """FLOAT8_ALL_GATHER_CAST_GAIN on the step where FSDP all-gathers float8 weights with
+    precomputed scales and ``fused_all_gather_cast`` (the trainer's default); not on one GPU, not
+    without precomputed scales, not with the option off."""
+    from torchtitan.planning import calibration as cal
+
+    hw = make_hardware(4, card="H200")
+    on = Float8(enable=True, fsdp_float8_all_gather=True, precompute_scales=True)
+
+    def tps(layout, cfg):
+        work = workload("8B", seq_len=8192, float8=Float8Setting.from_config(cfg))
+        return estimate_time(work, layout, hw).tokens_per_second_per_gpu
+
+    fsdp4, one = Layout(dp_shard=4), Layout()
+    off = dataclasses.replace(on, fused_all_gather_cast=False)
+    assert tps(fsdp4, on) / tps(fsdp4, off) == pytest.approx(cal.FLOAT8_ALL_GATHER_CAST_GAIN)
+    assert tps(one, on) == tps(one, off)
+    unscaled = dataclasses.replace(on, precompute_scales=False)
+    unscaled_off = dataclasses.replace(unscaled, fused_all_gather_cast=False)
+    assert tps(fsdp4, unscaled) == tps(fsdp4, unscaled_off)
+
+
 # ------------------------------------------------------------------------ calibration
 
 

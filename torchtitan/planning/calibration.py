@@ -76,6 +76,11 @@ STEP_OVERHEAD_SECONDS = 0.015
 # +1.2 % (call 49, 4x H200); 8B FSDP2 on 2x H200 bf16 +1.4 %, Float8 tensorwise +0.6 % (call 82),
 # rowwise +1.0 % (call 81). Their mean, on the whole step.
 COPY_ENGINE_GAIN = 1.0105
+# FSDP's float8 all-gather casting each weight shard in one kernel of ours instead of torchao's
+# three eager kernels (--float8.fused_all_gather_cast, docs/performance.md finding 26): 8B FSDP4
+# Float8 under selective AC, 11,734 -> 12,102 tokens/s/GPU in one call (call 72, 4x H200). The
+# one same-call pair, on the whole step.
+FLOAT8_ALL_GATHER_CAST_GAIN = 1.031
 
 # End-to-end efficiency of each parallelism, fitted to the measured tokens/s (a layout's factor
 # is the product of its parts'): kernel launch gaps, Python overhead, imperfect overlap.

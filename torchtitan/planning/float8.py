@@ -38,17 +38,21 @@ class Float8Setting:
     skip_small: bool = False
     filter_fqns: tuple[str, ...] = (HEAD,)
     tp_shard_scales: bool = True
+    precompute_scales: bool = False
+    fused_all_gather_cast: bool = True
 
     @classmethod
     def from_config(cls, cfg: Float8) -> Float8Setting | None:
         if not cfg.enable:
             return None
         return cls(
-            cfg.recipe,
-            cfg.fsdp_float8_all_gather,
-            cfg.skip_small,
-            tuple(cfg.filter_fqns),
-            scales_tp_shards(cfg),
+            recipe=cfg.recipe,
+            fsdp_float8_all_gather=cfg.fsdp_float8_all_gather,
+            skip_small=cfg.skip_small,
+            filter_fqns=tuple(cfg.filter_fqns),
+            tp_shard_scales=scales_tp_shards(cfg),
+            precompute_scales=cfg.precompute_scales,
+            fused_all_gather_cast=cfg.fused_all_gather_cast,
         )
 
     @property
@@ -61,6 +65,15 @@ class Float8Setting:
         """Whether FSDP all-gathers the float8 linears' weights in float8 (1 byte each): the
         trainer turns it on only where FSDP shards (``float8_linear_config``)."""
         return self.fsdp_float8_all_gather and self.recipe == "tensorwise" and fsdp_degree > 1
+
+    def casts_gathers_in_one_kernel(self, fsdp_degree: int) -> bool:
+        """Whether each weight shard is cast for FSDP's float8 all-gather by our one kernel
+        (``--float8.fused_all_gather_cast``, which the trainer uses with precomputed scales)."""
+        return (
+            self.gathers_float8(fsdp_degree)
+            and self.precompute_scales
+            and (self.fused_all_gather_cast)
+        )
 
 
 def linear_features(model: Shapes) -> dict[str, tuple[int, int]]:

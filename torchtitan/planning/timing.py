@@ -212,6 +212,8 @@ def estimate_time(work: Workload, layout: Layout, hw: Hardware) -> TimeEstimate:
     efficiency = layout_efficiency(layout)
     if work.gathers_on_copy_engines(layout, hw.gpus_per_node):
         efficiency *= cal.COPY_ENGINE_GAIN
+    if work.float8 is not None and work.float8.casts_gathers_in_one_kernel(layout.fsdp_degree):
+        efficiency *= cal.FLOAT8_ALL_GATHER_CAST_GAIN
     return TimeEstimate(
         parts=parts,
         efficiency=efficiency,
