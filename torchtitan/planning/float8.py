@@ -72,7 +72,7 @@ class Float8Setting:
         return (
             self.gathers_float8(fsdp_degree)
             and self.precompute_scales
-            and (self.fused_all_gather_cast)
+            and self.fused_all_gather_cast
         )
 
 
