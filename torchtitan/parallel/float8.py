@@ -197,7 +197,7 @@ def apply_float8(model: nn.Module, cfg: Float8, fsdp_sharded: bool = False) -> F
     if cfg.recipe == "rowwise" and cfg.own_backward:
         rowwise = use_rowwise_backward(model)
     fused = 0
-    if cfg.fused_all_gather_cast and cfg.precompute_scales:
+    if casts_all_gather_in_one_kernel(cfg):
         from torchtitan.parallel.float8_all_gather import use_fused_all_gather_cast
 
         fused = use_fused_all_gather_cast(model)
@@ -209,6 +209,12 @@ def apply_float8(model: nn.Module, cfg: Float8, fsdp_sharded: bool = False) -> F
             "and --float8.skip_small)"
         )
     return conversion
+
+
+def casts_all_gather_in_one_kernel(cfg: Float8) -> bool:
+    """Whether FSDP's float8 all-gather casts each weight shard in our one kernel: with
+    ``fused_all_gather_cast`` and precomputed scales (the planner reads the same rule)."""
+    return cfg.fused_all_gather_cast and cfg.precompute_scales
 
 
 def use_own_backward(model: nn.Module, tiled_cast_fqns: Iterable[str]) -> list[str]:

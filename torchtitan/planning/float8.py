@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torchtitan.config import Float8
-from torchtitan.parallel.float8 import shape_skip_reason
+from torchtitan.parallel.float8 import casts_all_gather_in_one_kernel, shape_skip_reason
 from torchtitan.parallel.float8_tp import scales_tp_shards
 from torchtitan.planning.shapes import Shapes
 
@@ -38,8 +38,7 @@ class Float8Setting:
     skip_small: bool = False
     filter_fqns: tuple[str, ...] = (HEAD,)
     tp_shard_scales: bool = True
-    precompute_scales: bool = False
-    fused_all_gather_cast: bool = True
+    one_kernel_all_gather_cast: bool = False  # the trainer's casts_all_gather_in_one_kernel
 
     @classmethod
     def from_config(cls, cfg: Float8) -> Float8Setting | None:
@@ -51,8 +50,7 @@ class Float8Setting:
             skip_small=cfg.skip_small,
             filter_fqns=tuple(cfg.filter_fqns),
             tp_shard_scales=scales_tp_shards(cfg),
-            precompute_scales=cfg.precompute_scales,
-            fused_all_gather_cast=cfg.fused_all_gather_cast,
+            one_kernel_all_gather_cast=casts_all_gather_in_one_kernel(cfg),
         )
 
     @property
@@ -67,13 +65,8 @@ class Float8Setting:
         return self.fsdp_float8_all_gather and self.recipe == "tensorwise" and fsdp_degree > 1
 
     def casts_gathers_in_one_kernel(self, fsdp_degree: int) -> bool:
-        """Whether each weight shard is cast for FSDP's float8 all-gather by our one kernel
-        (``--float8.fused_all_gather_cast``, which the trainer uses with precomputed scales)."""
-        return (
-            self.gathers_float8(fsdp_degree)
-            and self.precompute_scales
-            and self.fused_all_gather_cast
-        )
+        """Whether each weight shard is cast for FSDP's float8 all-gather by our one kernel."""
+        return self.gathers_float8(fsdp_degree) and self.one_kernel_all_gather_cast
 
 
 def linear_features(model: Shapes) -> dict[str, tuple[int, int]]:
