@@ -356,6 +356,26 @@ def test_the_one_kernel_all_gather_cast_is_estimated_where_the_trainer_uses_it()
     assert tps(fsdp4, unscaled) == tps(fsdp4, unscaled_off)
 
 
+def test_our_rowwise_backward_is_estimated_where_the_trainer_runs_it():
+    """FLOAT8_ROWWISE_OWN_BACKWARD_GAIN on the rowwise linears' time with ``own_backward`` (the
+    default): the step gains less than the factor (attention, head, optimizer stay); tensorwise
+    and rowwise_with_gw_hp estimates do not read the option."""
+    from torchtitan.planning import calibration as cal
+
+    hw = make_hardware(4, card="H200")
+
+    def tps(recipe: str, own_backward: bool):
+        cfg = Float8(enable=True, recipe=recipe, own_backward=own_backward)
+        work = workload("8B", seq_len=8192, float8=Float8Setting.from_config(cfg))
+        return estimate_time(work, Layout(dp_shard=4), hw).tokens_per_second_per_gpu
+
+    gain = tps("rowwise", True) / tps("rowwise", False)
+    assert 1.05 < gain < cal.FLOAT8_ROWWISE_OWN_BACKWARD_GAIN
+    assert Float8Setting.from_config(Float8(enable=True)).own_backward
+    for recipe in ("tensorwise", "rowwise_with_gw_hp"):
+        assert tps(recipe, True) == tps(recipe, False)
+
+
 # ------------------------------------------------------------------------ calibration
 
 

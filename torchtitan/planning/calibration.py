@@ -36,6 +36,15 @@ FLOAT8_MATMUL_SPEEDUP = 1.34
 # with selective AC, 9,772 tokens/s/GPU on 4x H200 (call 24), against 9,012 in bf16 (call 16).
 # That run rounds like eager (float8.py), which costs some speed; applied to every rowwise layout.
 FLOAT8_ROWWISE_MATMUL_SPEEDUP = 1.12
+# Our rowwise backward (--float8.own_backward, the default; docs/performance.md finding 28) over
+# torchao's, on the rowwise linears' time: the 8B block under selective AC 21.12 -> 18.88 ms
+# (-10.6 %, one H200, calls 79-81). Fitted to the two 8B FSDP2 points of call 81 (2x H200),
+# -10.1 and -10.0 % without it, -0.1 and +0.0 % with it.
+# Our tensorwise backward is not modelled: it bought +0.5 % (8B FSDP2, selective AC, call 70),
+# +0.7 % (1B AC off, call 69) and +7.1 % (8B FSDP4 AC off, calls 72-73) of the step, and the
+# tensorwise points under selective AC sit 5-6 % under the estimate with torchao's backward too
+# (call 42), so the gap of today's tensorwise points is not this backward's alone.
+FLOAT8_ROWWISE_OWN_BACKWARD_GAIN = 1.18
 # Under TP the float8 linears ran *slower* than bf16, in both frameworks and with either TP
 # style: 8B FSDP2xTP2 on 4x H100 (call 18, one call) Float8 6,040 tokens/s/GPU against bf16
 # 7,653 (0.79x of the step); on 4x H200 Float8 6,559-7,332 (float8 styles) and 7,288 (plain)

@@ -39,6 +39,7 @@ class Float8Setting:
     filter_fqns: tuple[str, ...] = (HEAD,)
     tp_shard_scales: bool = True
     one_kernel_all_gather_cast: bool = False  # the trainer's casts_all_gather_in_one_kernel
+    own_backward: bool = True  # rowwise: our backward (float8_rowwise_matmul.py)
 
     @classmethod
     def from_config(cls, cfg: Float8) -> Float8Setting | None:
@@ -51,6 +52,7 @@ class Float8Setting:
             filter_fqns=tuple(cfg.filter_fqns),
             tp_shard_scales=scales_tp_shards(cfg),
             one_kernel_all_gather_cast=casts_all_gather_in_one_kernel(cfg),
+            own_backward=cfg.own_backward,
         )
 
     @property

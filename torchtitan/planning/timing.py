@@ -57,8 +57,9 @@ def _recomputed_share(model: Shapes, layout: Layout) -> tuple[dict[str, float], 
 
 def _float8_speedup(work: Workload, name: str, tp: int) -> float:
     """How much faster linear ``name``'s GEMMs run than in bf16 (their float8 share at
-    FLOAT8_MATMUL_SPEEDUP, or FLOAT8_ROWWISE_MATMUL_SPEEDUP, the cast overhead included); under
-    TP as measured there, by the scaling of TP shards (calibration.py)."""
+    FLOAT8_MATMUL_SPEEDUP, or FLOAT8_ROWWISE_MATMUL_SPEEDUP times FLOAT8_ROWWISE_OWN_BACKWARD_GAIN
+    with our rowwise backward, the cast overhead included); under TP as measured there, by the
+    scaling of TP shards (calibration.py)."""
     if name not in work.float8_linears:
         return 1.0
     if tp > 1:
@@ -69,6 +70,8 @@ def _float8_speedup(work: Workload, name: str, tp: int) -> float:
     speedup = cal.FLOAT8_MATMUL_SPEEDUP
     if work.float8.recipe != "tensorwise":
         speedup = cal.FLOAT8_ROWWISE_MATMUL_SPEEDUP
+    if work.float8.recipe == "rowwise" and work.float8.own_backward:
+        speedup *= cal.FLOAT8_ROWWISE_OWN_BACKWARD_GAIN
     return 1 / (share / speedup + 1 - share)
 
 
