@@ -2,7 +2,7 @@
 
     python scripts/bench/block_step.py [--impl ours|ref] [--rope pairs|swap|complex] [--float8]
         [--recipe tensorwise|rowwise|rowwise_with_gw_hp] [--torchao-backward | --tiled-cast FQN ...]
-        [--torchao-input-cast] [--keep-float8-casts]
+        [--torchao-input-cast] [--keep-float8-casts] [--eager-column-scales]
         [--residual float32|bfloat16] [--fuse]
         [--ac none|selective|full] [--params float32|bfloat16] [--inductor KEY=VALUE ...]
         [--flavor 1B] [--batch 4] [--seq 8192] [--iters 20] [--top 20]
@@ -15,7 +15,9 @@ since); the block compiled alone with ``fullgraph=True`` (the trainer compiles e
 optionally every linear converted to tensorwise float8 (ours: as the trainer converts them, with
 our backward unless ``--torchao-backward``; ``--tiled-cast`` replaces ``--float8.tiled_cast_fqns``;
 rowwise: the inputs' column-wise cast ours unless ``--torchao-input-cast``; our casts recomputed
-in the backward unless ``--keep-float8-casts``;
+in the backward unless ``--keep-float8-casts``; the column-wise casts' scales computed in their
+cast kernel unless ``--eager-column-scales`` (torchao's amax_to_scale in eager kernels, as before
+docs/performance.md finding 33);
 ref: torchao's Float8Linear). Prints the median milliseconds of one forward + backward (CUDA
 events), the peak memory allocated above the inputs, the kernel time of one traced step by category
 (matmul, attention, inductor reductions and pointwise kernels) and its kernels longest first, so
@@ -138,6 +140,20 @@ def ref_block(args):
     return block, freqs, margs.dim
 
 
+def use_eager_column_scales() -> None:
+    """Rowwise casts as before finding 33: torchao's ``amax_to_scale`` in eager kernels between
+    the column amax and the cast."""
+    from torchao.float8.float8_utils import amax_to_scale
+
+    from torchtitan.parallel import float8_cast_kernel as kernel
+
+    def cast(x, amax, float8_dtype, round_to_power_of_2):
+        scale = amax_to_scale(amax, float8_dtype, round_to_power_of_2)
+        return kernel.cast_transposed(x, scale, float8_dtype), scale
+
+    kernel.cast_columnwise_from_amax = cast
+
+
 def build(args):
     with torch.device(args.device), torch.no_grad():
         block, rope, dim = (ref_block if args.impl == "ref" else ours_block)(args)
@@ -154,6 +170,8 @@ def build(args):
             for module in block.modules():
                 if hasattr(module, "columnwise_input_cast"):
                     module.columnwise_input_cast = False
+        if args.eager_column_scales:
+            use_eager_column_scales()
         if args.keep_float8_casts:  # as before the joint-graph pass of float8_recompute.py
             import torch._inductor.config as inductor_config
 
@@ -293,6 +311,11 @@ def main() -> None:
         "(float8_recompute.py); without AC the forward runs and keeps them",
     )
     p.add_argument(
+        "--eager-column-scales",
+        action="store_true",
+        help="ours, rowwise: the column-wise casts' scales by torchao's amax_to_scale in eager",
+    )
+    p.add_argument(
         "--tiled-cast",
         nargs="*",
         metavar="FQN",
@@ -326,6 +349,7 @@ def main() -> None:
     label += (f" float8 {args.recipe}" if args.float8 else " bf16") + f" residual={args.residual}"
     label += " torchao backward" if args.torchao_backward else ""
     label += " torchao input cast" if args.torchao_input_cast else ""
+    label += " eager column scales" if args.eager_column_scales else ""
     label += f" tiled cast {args.tiled_cast}" if args.tiled_cast is not None else ""
     label += " fused projections" if args.fuse else ""
     label += f" ac={args.ac}" if args.ac != "none" else ""

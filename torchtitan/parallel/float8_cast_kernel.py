@@ -7,10 +7,13 @@ transpose into the (cols x rows) output; Triton stages the tile through shared m
 stores are coalesced too. Fused into a row reduction by inductor, the same cast stored single
 bytes a whole row apart (docs/performance.md, findings 24 and 25).
 
-With one scale per column (``scale`` of shape (1, cols)), ``cast_transposed`` is the column-wise
-cast of rowwise float8 (``float8_cast_columnwise``, torchtitan/parallel/float8_rowwise_matmul.py),
-whose per-column amax ``column_amax`` computes in one read: each program reduces a block of
-columns over a range of rows and merges its maxima with an atomic max.
+``cast_columnwise_from_amax`` is the column-wise cast of rowwise float8 (``float8_cast_columnwise``,
+torchtitan/parallel/float8_rowwise_matmul.py): the same tiled transposed cast, each column scaled
+by the scale its amax gives (computed in the kernel, as torchao's ``amax_to_scale`` computes it,
+and written out by the first row of programs), after ``column_amax`` computed those amaxes in one
+read: each program reduces a block of columns over a range of rows and merges its maxima with an
+atomic max. Two kernels per cast; the scale math in eager took seven more (docs/performance.md,
+finding 33).
 
 ``cast`` (FSDP's float8 all-gather, torchtitan/parallel/float8_all_gather.py): the same
 arithmetic over a contiguous tensor in one pass, where torchao's eager cast launches three
@@ -22,6 +25,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 # The fastest of 18 settings on an H200 for 8,192 rows of 1,024, 4,096 and 14,336 bf16 columns
 # with a scale per column (call 80, scripts/bench/column_cast_sweep.py): 0.031 ms at 4,096 wide,
@@ -31,17 +35,39 @@ BLOCK_ROWS, BLOCK_COLS, WARPS = 64, 128, 4
 TRITON_FLOAT8 = {torch.float8_e4m3fn: tl.float8e4nv, torch.float8_e5m2: tl.float8e5}
 
 
+# torchao's float8_utils.EPS: amax_to_scale clamps the amax (in float64) to at least this.
+AMAX_EPS: tl.constexpr = tl.constexpr(1e-12)
+
+
+@triton.jit
+def _scale_of_amax(amax, max_value, ROUND_TO_POWER_OF_2: tl.constexpr):
+    """torchao's ``amax_to_scale``, step for step: ``max_value / max(amax, 1e-12)`` in float64,
+    to float32, then ``exp2(floor(log2(.)))`` through the libdevice
+    functions torch's CUDA kernels use, so the bits are torch's."""
+    eps = tl.full(amax.shape, AMAX_EPS, tl.float64)
+    amax = amax.to(tl.float64)
+    clamped = tl.where(amax < eps, eps, amax)  # NaN stays NaN, as under torch.clamp
+    # float64 division lowers to the correctly rounded div.rn.f64 (float32's would not).
+    scale = (tl.cast(max_value, tl.float64) / clamped).to(tl.float32)
+    if ROUND_TO_POWER_OF_2:
+        scale = libdevice.exp2(libdevice.floor(libdevice.log2(scale)))
+    return scale
+
+
 @triton.jit
 def _cast_transposed_kernel(
     x_ptr,
     row_stride,
     scale_ptr,
+    amax_ptr,
     out_ptr,
     n_rows,
     n_cols,
     max_value,
     OUT_DTYPE: tl.constexpr,
     SCALE_PER_COLUMN: tl.constexpr,
+    SCALE_FROM_AMAX: tl.constexpr,
+    ROUND_TO_POWER_OF_2: tl.constexpr,
     BLOCK_ROWS: tl.constexpr,
     BLOCK_COLS: tl.constexpr,
 ):
@@ -49,7 +75,13 @@ def _cast_transposed_kernel(
     cols = tl.program_id(1).to(tl.int64) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
     inside = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
     x = tl.load(x_ptr + rows[:, None] * row_stride + cols[None, :], mask=inside, other=0.0)
-    if SCALE_PER_COLUMN:
+    if SCALE_FROM_AMAX:
+        amax = tl.load(amax_ptr + cols, mask=cols < n_cols, other=1.0)
+        column_scale = _scale_of_amax(amax, max_value, ROUND_TO_POWER_OF_2)
+        if tl.program_id(0) == 0:
+            tl.store(scale_ptr + cols, column_scale, mask=cols < n_cols)
+        scale = column_scale[None, :]
+    elif SCALE_PER_COLUMN:
         scale = tl.load(scale_ptr + cols, mask=cols < n_cols, other=1.0)[None, :]
     else:
         scale = tl.load(scale_ptr)
@@ -59,12 +91,7 @@ def _cast_transposed_kernel(
     tl.store(out_ptr + cols[None, :] * n_rows + rows[:, None], bits, mask=inside)
 
 
-def cast_transposed(
-    x: torch.Tensor, scale: torch.Tensor, float8_dtype: torch.dtype
-) -> torch.Tensor:
-    """``x`` (rows x cols, unit column stride) scaled, saturated and cast to ``float8_dtype``,
-    as a new (cols x rows) row-major tensor; ``scale`` one value, or one per column (1 x cols,
-    contiguous)."""
+def _launch_cast_transposed(x, scale, amax, float8_dtype, round_to_power_of_2=False):
     n_rows, n_cols = x.shape
     out = torch.empty(n_cols, n_rows, dtype=float8_dtype, device=x.device)
     grid = (triton.cdiv(n_rows, BLOCK_ROWS), triton.cdiv(n_cols, BLOCK_COLS))
@@ -72,17 +99,40 @@ def cast_transposed(
         x,
         x.stride(0),
         scale,
+        amax,
         out,
         n_rows,
         n_cols,
         torch.finfo(float8_dtype).max,
         OUT_DTYPE=TRITON_FLOAT8[float8_dtype],
         SCALE_PER_COLUMN=scale.numel() > 1,
+        SCALE_FROM_AMAX=amax is not None,
+        ROUND_TO_POWER_OF_2=round_to_power_of_2,
         BLOCK_ROWS=BLOCK_ROWS,
         BLOCK_COLS=BLOCK_COLS,
         num_warps=WARPS,
     )
     return out
+
+
+def cast_transposed(
+    x: torch.Tensor, scale: torch.Tensor, float8_dtype: torch.dtype
+) -> torch.Tensor:
+    """``x`` (rows x cols, unit column stride) scaled, saturated and cast to ``float8_dtype``,
+    as a new (cols x rows) row-major tensor; ``scale`` one value, or one per column (1 x cols,
+    contiguous)."""
+    return _launch_cast_transposed(x, scale, None, float8_dtype)
+
+
+def cast_columnwise_from_amax(
+    x: torch.Tensor, amax: torch.Tensor, float8_dtype: torch.dtype, round_to_power_of_2: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` (rows x cols, unit column stride) cast with one scale per column, the scale of the
+    column's ``amax`` (1 x cols float32) as torchao's ``amax_to_scale`` computes it: returns the
+    (cols x rows) row-major bits and the (1 x cols) float32 scales."""
+    scale = torch.empty(1, x.shape[1], dtype=torch.float32, device=x.device)
+    out = _launch_cast_transposed(x, scale, amax, float8_dtype, round_to_power_of_2)
+    return out, scale
 
 
 # The fastest of 72 settings on an H200 for the same shapes (call 80): 64 columns by 64 rows at a

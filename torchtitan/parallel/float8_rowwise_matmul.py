@@ -10,8 +10,8 @@ w1 and w3 at 8B, 1.57 of a 20.8 ms block (docs/performance.md, finding 28).
 ``RowwiseFloat8Matmul`` computes what torchao's ``matmul_with_hp_or_float8_args`` does for the
 ``rowwise`` recipe, with torchao's forward and casts, bit for bit, except that the weight-gradient
 matmul's column-wise casts go through ``float8_cast_columnwise``, an operator inductor cannot
-fuse: a one-read column amax and a tiled transposed cast (``float8_cast_kernel``), or torchao's
-own cast off CUDA.
+fuse: a one-read column amax and a tiled transposed cast that computes the scales from it
+(``float8_cast_kernel``), or torchao's own cast off CUDA.
 
 Both operands take it: the output gradient, and the input unless ``columnwise_input_cast`` is
 off (benchmarks compare with torchao's cast so). The input's cast runs in the backward under
@@ -51,15 +51,12 @@ def float8_cast_columnwise(
     a NaN may leave its column's amax finite where torchao's is NaN (the column's other values
     then cast finite); the trainer skips steps with non-finite gradients anyway."""
     kernel = kernel_module(x)
-    if kernel is not None and x.stride(1) != 1:
-        x = x.contiguous()
     if kernel is not None:
+        x = x if x.stride(1) == 1 else x.contiguous()
         amax = kernel.column_amax(x)
-    else:
-        amax = torch.amax(torch.abs(x), dim=0, keepdim=True)
+        return kernel.cast_columnwise_from_amax(x, amax, float8_dtype, round_scales_to_power_of_2)
+    amax = torch.amax(torch.abs(x), dim=0, keepdim=True)
     scale = amax_to_scale(amax, float8_dtype, round_scales_to_power_of_2)
-    if kernel is not None:
-        return kernel.cast_transposed(x, scale, float8_dtype), scale
     bits = to_fp8_saturated(x.to(torch.float32) * scale, float8_dtype)
     return bits.t().contiguous(), scale
 
