@@ -42,8 +42,8 @@ AMAX_EPS: tl.constexpr = tl.constexpr(1e-12)
 @triton.jit
 def _scale_of_amax(amax, max_value, ROUND_TO_POWER_OF_2: tl.constexpr):
     """torchao's ``amax_to_scale``, step for step: ``max_value / max(amax, 1e-12)`` in float64,
-    to float32, then ``exp2(floor(log2(.)))`` through the libdevice
-    functions torch's CUDA kernels use, so the bits are torch's."""
+    to float32, then ``exp2(floor(log2(.)))`` through the libdevice functions torch's CUDA
+    kernels use, so the bits are torch's."""
     eps = tl.full(amax.shape, AMAX_EPS, tl.float64)
     amax = amax.to(tl.float64)
     clamped = tl.where(amax < eps, eps, amax)  # NaN stays NaN, as under torch.clamp
@@ -92,6 +92,8 @@ def _cast_transposed_kernel(
 
 
 def _launch_cast_transposed(x, scale, amax, float8_dtype, round_to_power_of_2=False):
+    """The tiled transposed cast: by ``scale`` (read), or with ``amax`` by the scales computed
+    from it (written into ``scale``)."""
     n_rows, n_cols = x.shape
     out = torch.empty(n_cols, n_rows, dtype=float8_dtype, device=x.device)
     grid = (triton.cdiv(n_rows, BLOCK_ROWS), triton.cdiv(n_cols, BLOCK_COLS))
