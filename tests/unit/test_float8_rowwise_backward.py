@@ -1,11 +1,17 @@
 """Our rowwise float8 backward (torchtitan/parallel/float8_rowwise_matmul.py) on CPU, emulated:
-the column-wise cast operator is torchao's cast; a float8 block computes torchao's bits, eager,
-compiled and under selective checkpointing; which linears get it; the fallbacks."""
+the column-wise cast operator is torchao's cast; its kernels' scales are torchao's under Triton's
+interpreter; a float8 block computes torchao's bits, eager, compiled and under selective
+checkpointing; which linears get it; the fallbacks."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import os
+import subprocess
+import sys
 import unittest.mock
+from pathlib import Path
 
 import pytest
 import torch
@@ -48,6 +54,48 @@ def test_the_columnwise_cast_is_torchaos(dtype, power_of_2):
         assert bits.shape == operand.shape[::-1] and bits.is_contiguous()
         assert torch.equal(scale, want._scale)
         assert torch.equal(bits.t().view(torch.uint8), want._data.view(torch.uint8))
+
+
+KERNEL_SCALES_CHECK = """
+import torch
+from torchao.float8.float8_utils import amax_to_scale
+from torchtitan.parallel import float8_cast_kernel as k
+
+x = (torch.randn(300, 410, generator=torch.Generator().manual_seed(0)) * 80).bfloat16()
+x[0, :3] = torch.tensor([float("inf"), -1e6, 0.0])
+x[:, 9] = 0.0
+x[:, 20] = 1e-30  # under torchao's EPS floor
+for operand in (x, x[:, 7:300].contiguous()):
+    amax = k.column_amax(operand)
+    assert torch.equal(amax, operand.float().abs().amax(0, keepdim=True))
+    for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        bits, scale = k.cast_columnwise_from_amax(operand, amax, dtype, False)
+        assert torch.equal(scale, amax_to_scale(amax, dtype, False)), dtype
+        assert bits.shape == operand.t().shape and bits.dtype == dtype
+print("scales ok")
+"""
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None or torch.cuda.is_available(),
+    reason="needs triton's CPU interpreter (on a GPU: tests/gpu/test_float8_cast_on_gpu.py)",
+)
+def test_the_cast_kernel_computes_torchaos_scales_under_the_interpreter():
+    """The column amax kernel and the scales the cast kernel computes from it, under Triton's
+    interpreter. Without the power-of-2 rounding (its libdevice functions do not run there) and
+    without the bits (the interpreter rounds float8 otherwise): the GPU test checks both."""
+    root = Path(__file__).resolve().parents[2]
+    path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
+    run = subprocess.run(
+        [sys.executable, "-c", KERNEL_SCALES_CHECK],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "scales ok" in run.stdout
 
 
 def test_the_operator_passes_torchs_checks():
