@@ -15,14 +15,13 @@ weights end from the first's.
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
+from cuda_timing import median_ms
 from optimizer_step import STEP_BYTES_PER_PARAM, make_params, shapes
 
 from torchtitan.compiled_adamw import CompiledAdamW
 
-GPU_SLEEP_CYCLES = 200_000_000  # about 100 ms at an H100's or H200's clock
 KWARGS = dict(lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1, eps=1e-8)
 
 
@@ -82,17 +81,6 @@ VARIANTS = {
 }
 
 
-def elapsed_ms(fn, queued: bool) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    if queued:
-        torch.cuda._sleep(GPU_SLEEP_CYCLES)
-    start.record()
-    fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--flavor", default="1B")
@@ -107,10 +95,8 @@ def main() -> None:
     for name, build in VARIANTS.items():
         params = make_params(sizes, torch.device("cuda"))
         opt = build(params)
-        for _ in range(3):
-            opt.step()
-        wall = statistics.median(elapsed_ms(opt.step, False) for _ in range(args.iters))
-        gpu = statistics.median(elapsed_ms(opt.step, True) for _ in range(args.iters))
+        wall = median_ms(opt.step, args.iters, warmup=3)
+        gpu = median_ms(opt.step, args.iters, queued=True)
         gbps = numel * STEP_BYTES_PER_PARAM / (gpu * 1e-3) / 1e9
         weights = [p.detach() for p in params]
         diff = (

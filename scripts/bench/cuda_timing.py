@@ -7,13 +7,18 @@ import statistics
 
 import torch
 
+GPU_SLEEP_CYCLES = 200_000_000  # about 100 ms at an H100's or H200's clock
 
-def median_ms(fn, iters: int, warmup: int = 0) -> float:
+
+def median_ms(fn, iters: int, warmup: int = 0, queued: bool = False) -> float:
     """Median milliseconds of ``iters`` calls of ``fn`` after ``warmup`` untimed ones (CUDA
-    events around each call, synchronized after it)."""
+    events around each call, synchronized after it). ``queued``: each call queued behind a
+    100 ms GPU sleep that outlasts the host's launches, so only the kernels' time counts."""
     times = []
     for _ in range(warmup + iters):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if queued:
+            torch.cuda._sleep(GPU_SLEEP_CYCLES)
         start.record()
         fn()
         end.record()

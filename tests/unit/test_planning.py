@@ -371,7 +371,7 @@ def test_our_rowwise_backward_is_estimated_where_the_trainer_runs_it():
 
     gain = tps("rowwise", True) / tps("rowwise", False)
     assert 1.05 < gain < cal.FLOAT8_ROWWISE_OWN_BACKWARD_GAIN
-    assert Float8Setting.from_config(Float8(enable=True)).own_backward
+    assert Float8Setting.from_config(Float8(enable=True, recipe="rowwise")).rowwise_backward
     for recipe in ("tensorwise", "rowwise_with_gw_hp"):
         assert tps(recipe, True) == tps(recipe, False)
 

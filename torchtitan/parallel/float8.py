@@ -194,7 +194,7 @@ def apply_float8(model: nn.Module, cfg: Float8, fsdp_sharded: bool = False) -> F
         recompute_float8_casts_in_backward()
     if cfg.recipe == "tensorwise" and cfg.own_backward:
         tiled = use_own_backward(model, cfg.tiled_cast_fqns)
-    if cfg.recipe == "rowwise" and cfg.own_backward:
+    if runs_rowwise_backward(cfg):
         rowwise = use_rowwise_backward(model)
     fused = 0
     if casts_all_gather_in_one_kernel(cfg):
@@ -209,6 +209,12 @@ def apply_float8(model: nn.Module, cfg: Float8, fsdp_sharded: bool = False) -> F
             "and --float8.skip_small)"
         )
     return conversion
+
+
+def runs_rowwise_backward(cfg: Float8) -> bool:
+    """Whether the rowwise linears run our backward (float8_rowwise_matmul.py): the ``rowwise``
+    recipe with ``own_backward`` (the planner reads the same rule)."""
+    return cfg.recipe == "rowwise" and cfg.own_backward
 
 
 def casts_all_gather_in_one_kernel(cfg: Float8) -> bool:

@@ -12,7 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torchtitan.config import Float8
-from torchtitan.parallel.float8 import casts_all_gather_in_one_kernel, shape_skip_reason
+from torchtitan.parallel.float8 import (
+    casts_all_gather_in_one_kernel,
+    runs_rowwise_backward,
+    shape_skip_reason,
+)
 from torchtitan.parallel.float8_tp import scales_tp_shards
 from torchtitan.planning.shapes import Shapes
 
@@ -39,7 +43,7 @@ class Float8Setting:
     filter_fqns: tuple[str, ...] = (HEAD,)
     tp_shard_scales: bool = True
     one_kernel_all_gather_cast: bool = False  # the trainer's casts_all_gather_in_one_kernel
-    own_backward: bool = True  # rowwise: our backward (float8_rowwise_matmul.py)
+    rowwise_backward: bool = False  # the trainer's runs_rowwise_backward
 
     @classmethod
     def from_config(cls, cfg: Float8) -> Float8Setting | None:
@@ -52,7 +56,7 @@ class Float8Setting:
             filter_fqns=tuple(cfg.filter_fqns),
             tp_shard_scales=scales_tp_shards(cfg),
             one_kernel_all_gather_cast=casts_all_gather_in_one_kernel(cfg),
-            own_backward=cfg.own_backward,
+            rowwise_backward=runs_rowwise_backward(cfg),
         )
 
     @property

@@ -70,7 +70,7 @@ def _float8_speedup(work: Workload, name: str, tp: int) -> float:
     speedup = cal.FLOAT8_MATMUL_SPEEDUP
     if work.float8.recipe != "tensorwise":
         speedup = cal.FLOAT8_ROWWISE_MATMUL_SPEEDUP
-    if work.float8.recipe == "rowwise" and work.float8.own_backward:
+    if work.float8.rowwise_backward:
         speedup *= cal.FLOAT8_ROWWISE_OWN_BACKWARD_GAIN
     return 1 / (share / speedup + 1 - share)
 
