@@ -356,24 +356,31 @@ def test_the_one_kernel_all_gather_cast_is_estimated_where_the_trainer_uses_it()
     assert tps(fsdp4, unscaled) == tps(fsdp4, unscaled_off)
 
 
-def test_our_rowwise_backward_is_estimated_where_the_trainer_runs_it():
-    """FLOAT8_ROWWISE_OWN_BACKWARD_GAIN on the rowwise linears' time with ``own_backward`` (the
-    default): the step gains less than the factor (attention, head, optimizer stay); tensorwise
-    and rowwise_with_gw_hp estimates do not read the option."""
+def test_our_float8_backwards_are_estimated_where_the_trainer_runs_them():
+    """With ``own_backward`` (the default) rowwise gains FLOAT8_ROWWISE_OWN_BACKWARD_GAIN on its
+    linears' time; tensorwise runs at FLOAT8_MATMUL_SPEEDUP, and torchao's tensorwise backward
+    at its measured share of that, smaller without AC. Each step gains less than its linears
+    (attention, head, optimizer stay); rowwise_with_gw_hp does not read the option."""
     from torchtitan.planning import calibration as cal
 
     hw = make_hardware(4, card="H200")
 
-    def tps(recipe: str, own_backward: bool):
+    def tps(recipe: str, own_backward: bool, ac_mode: str = "none"):
         cfg = Float8(enable=True, recipe=recipe, own_backward=own_backward)
         work = workload("8B", seq_len=8192, float8=Float8Setting.from_config(cfg))
-        return estimate_time(work, Layout(dp_shard=4), hw).tokens_per_second_per_gpu
+        layout = Layout(dp_shard=4, ac_mode=ac_mode)
+        return estimate_time(work, layout, hw).tokens_per_second_per_gpu
 
     gain = tps("rowwise", True) / tps("rowwise", False)
     assert 1.05 < gain < cal.FLOAT8_ROWWISE_OWN_BACKWARD_GAIN
     assert Float8Setting.from_config(Float8(enable=True, recipe="rowwise")).rowwise_backward
-    for recipe in ("tensorwise", "rowwise_with_gw_hp"):
-        assert tps(recipe, True) == tps(recipe, False)
+    assert Float8Setting.from_config(Float8(enable=True)).tensorwise_backward
+    torchao = cal.FLOAT8_TORCHAO_TENSORWISE_BACKWARD_SPEED
+    for ac_mode, share in (("none", torchao["none"]), ("selective", torchao["checkpointed"])):
+        gain = tps("tensorwise", True, ac_mode) / tps("tensorwise", False, ac_mode)
+        assert 1 < gain < 1 / share
+    assert tps("tensorwise", True, "none") / tps("tensorwise", False, "none") > 1.05
+    assert tps("rowwise_with_gw_hp", True) == tps("rowwise_with_gw_hp", False)
 
 
 # ------------------------------------------------------------------------ calibration

@@ -146,7 +146,7 @@ class Float8Conversion:
             f"float8 ({mode}): {len(self.converted)} linears converted; kept in high "
             f"precision: {listing}"
         )
-        if cfg.recipe == "tensorwise" and cfg.own_backward:
+        if runs_tensorwise_backward(cfg):
             tiled = ", ".join(dict.fromkeys(map(_pattern, self.tiled))) or "none"
             line += f"; our tensorwise backward, input cast tiled in: {tiled}"
         if self.rowwise_backward:
@@ -192,7 +192,7 @@ def apply_float8(model: nn.Module, cfg: Float8, fsdp_sharded: bool = False) -> F
         from torchtitan.parallel.float8_recompute import recompute_float8_casts_in_backward
 
         recompute_float8_casts_in_backward()
-    if cfg.recipe == "tensorwise" and cfg.own_backward:
+    if runs_tensorwise_backward(cfg):
         tiled = use_own_backward(model, cfg.tiled_cast_fqns)
     if runs_rowwise_backward(cfg):
         rowwise = use_rowwise_backward(model)
@@ -209,6 +209,12 @@ def apply_float8(model: nn.Module, cfg: Float8, fsdp_sharded: bool = False) -> F
             "and --float8.skip_small)"
         )
     return conversion
+
+
+def runs_tensorwise_backward(cfg: Float8) -> bool:
+    """Whether the tensorwise linears run our backward (float8_matmul.py): the ``tensorwise``
+    recipe with ``own_backward`` (the planner reads the same rule)."""
+    return cfg.recipe == "tensorwise" and cfg.own_backward
 
 
 def runs_rowwise_backward(cfg: Float8) -> bool:

@@ -29,21 +29,27 @@ NON_ALLOCATOR_BYTES = 2.5 * 2**30
 MATMUL_EFFICIENCY = 0.70
 ATTENTION_EFFICIENCY = {64: 0.32, 128: 0.40}  # by head_dim, long sequences
 ATTENTION_HALF_SEQ = 1950  # sequence length (per CP rank) at which half of that is reached
-# Float8 linears' GEMMs (tensorwise) over bf16, net of their casts and amax reductions: fitted
-# to the three float8 points (each alone: 1.44 1B H100, 1.34 8B H100, 1.31 8B H200).
-FLOAT8_MATMUL_SPEEDUP = 1.34
+# Float8 linears' GEMMs (tensorwise, our backward: --float8.own_backward, the default since call
+# 69) over bf16, net of their casts and amax reductions. Fitted to the 23 tensorwise points
+# without TP (mean error -0.4 %; the eight of our backward within -3.5 % and +3.4 %). One
+# compiled 8B block (bf16 parameters, one H200, call 98) puts the linears' float8 time at 1/1.59
+# of bf16's without AC and 1/1.66 under selective AC (the block less its bf16 non-matmul time).
+FLOAT8_MATMUL_SPEEDUP = 1.55
 # Rowwise (per-row scales, and rowwise_with_gw_hp's float8 GEMMs): fitted to 8B FSDP4 rowwise
 # with selective AC, 9,772 tokens/s/GPU on 4x H200 (call 24), against 9,012 in bf16 (call 16).
 # That run rounds like eager (float8.py), which costs some speed; applied to every rowwise layout.
 FLOAT8_ROWWISE_MATMUL_SPEEDUP = 1.12
+# torchao's tensorwise backward (--float8.own_backward false, every float8 point before call 69)
+# over ours, on the float8 linears' time, from the same 8B block (call 98): 10.37 against 8.70
+# ms without AC, where its backward's inductor reductions took 3.14 against 1.17 ms, and 9.71
+# against 9.42 ms under selective AC (measured there; applied to every checkpointed mode). At
+# 1B's shapes it costs less: 0.7 % of the trainer's step without AC (call 69), so the 1B points
+# of torchao's backward stay 5-8 % under the estimate.
+FLOAT8_TORCHAO_TENSORWISE_BACKWARD_SPEED = {"none": 0.839, "checkpointed": 0.970}
 # Our rowwise backward (--float8.own_backward, the default; docs/performance.md finding 28) over
 # torchao's, on the rowwise linears' time: the 8B block under selective AC 21.12 -> 18.88 ms
 # (-10.6 %, one H200, calls 79-81). Fitted to the two 8B FSDP2 points of call 81 (2x H200),
 # -10.1 and -10.0 % without it, -0.1 and +0.0 % with it.
-# Our tensorwise backward is not modelled: it bought +0.5 % (8B FSDP2, selective AC, call 70),
-# +0.7 % (1B AC off, call 69) and +7.1 % (8B FSDP4 AC off, calls 72-73) of the step, and the
-# tensorwise points under selective AC sit 5-6 % under the estimate with torchao's backward too
-# (call 42), so the gap of today's tensorwise points is not this backward's alone.
 FLOAT8_ROWWISE_OWN_BACKWARD_GAIN = 1.18
 # Under TP the float8 linears ran *slower* than bf16, in both frameworks and with either TP
 # style: 8B FSDP2xTP2 on 4x H100 (call 18, one call) Float8 6,040 tokens/s/GPU against bf16

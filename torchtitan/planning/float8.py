@@ -15,6 +15,7 @@ from torchtitan.config import Float8
 from torchtitan.parallel.float8 import (
     casts_all_gather_in_one_kernel,
     runs_rowwise_backward,
+    runs_tensorwise_backward,
     shape_skip_reason,
 )
 from torchtitan.parallel.float8_tp import scales_tp_shards
@@ -44,6 +45,7 @@ class Float8Setting:
     tp_shard_scales: bool = True
     one_kernel_all_gather_cast: bool = False  # the trainer's casts_all_gather_in_one_kernel
     rowwise_backward: bool = False  # the trainer's runs_rowwise_backward
+    tensorwise_backward: bool = False  # the trainer's runs_tensorwise_backward
 
     @classmethod
     def from_config(cls, cfg: Float8) -> Float8Setting | None:
@@ -57,6 +59,7 @@ class Float8Setting:
             tp_shard_scales=scales_tp_shards(cfg),
             one_kernel_all_gather_cast=casts_all_gather_in_one_kernel(cfg),
             rowwise_backward=runs_rowwise_backward(cfg),
+            tensorwise_backward=runs_tensorwise_backward(cfg),
         )
 
     @property

@@ -55,33 +55,40 @@ def _recomputed_share(model: Shapes, layout: Layout) -> tuple[dict[str, float], 
     return {name: float(name in RECOMPUTED[kind]) for name in model.linears}, 0.0
 
 
-def _float8_speedup(work: Workload, name: str, tp: int) -> float:
-    """How much faster linear ``name``'s GEMMs run than in bf16 (their float8 share at
-    FLOAT8_MATMUL_SPEEDUP, or FLOAT8_ROWWISE_MATMUL_SPEEDUP times FLOAT8_ROWWISE_OWN_BACKWARD_GAIN
-    with our rowwise backward, the cast overhead included); under TP as measured there, by the
-    scaling of TP shards (calibration.py)."""
+def _float8_speedup(work: Workload, name: str, layout: Layout) -> float:
+    """How much faster linear ``name``'s GEMMs run than in bf16, the cast overhead included:
+    tensorwise at FLOAT8_MATMUL_SPEEDUP (with torchao's backward at its measured share of that,
+    which depends on whether the block is checkpointed), rowwise at
+    FLOAT8_ROWWISE_MATMUL_SPEEDUP (times FLOAT8_ROWWISE_OWN_BACKWARD_GAIN with our backward), a
+    float8 share below one for rowwise_with_gw_hp; under TP as measured there, by the scaling of
+    TP shards (calibration.py)."""
     if name not in work.float8_linears:
         return 1.0
-    if tp > 1:
-        if work.float8.tp_shard_scales:
+    setting = work.float8
+    if layout.tp > 1:
+        if setting.tp_shard_scales:
             return cal.FLOAT8_SPEED_UNDER_TP_SHARD_SCALES
         return cal.FLOAT8_SPEED_UNDER_TP
-    share = work.float8.float8_gemm_share
-    speedup = cal.FLOAT8_MATMUL_SPEEDUP
-    if work.float8.recipe != "tensorwise":
+    if setting.recipe == "tensorwise":
+        speedup = cal.FLOAT8_MATMUL_SPEEDUP
+        if not setting.tensorwise_backward:
+            checkpointed = "checkpointed" if layout.ac_mode != "none" else "none"
+            speedup *= cal.FLOAT8_TORCHAO_TENSORWISE_BACKWARD_SPEED[checkpointed]
+    else:
         speedup = cal.FLOAT8_ROWWISE_MATMUL_SPEEDUP
-    if work.float8.rowwise_backward:
-        speedup *= cal.FLOAT8_ROWWISE_OWN_BACKWARD_GAIN
+        if setting.rowwise_backward:
+            speedup *= cal.FLOAT8_ROWWISE_OWN_BACKWARD_GAIN
+    share = setting.float8_gemm_share
     return 1 / (share / speedup + 1 - share)
 
 
-def _block_matmul_seconds(work: Workload, recomputed: dict, tp: int, peak: float) -> float:
+def _block_matmul_seconds(work: Workload, recomputed: dict, layout: Layout, peak: float) -> float:
     """Seconds per token of one block's projections: forward, backward (2x) and what AC
     recomputes, bf16 or float8."""
     seconds = 0.0
     for name, weights in work.shape.linears.items():
-        flops = 2 * weights / tp * (3 + recomputed[name])
-        seconds += flops / (cal.MATMUL_EFFICIENCY * peak * _float8_speedup(work, name, tp))
+        flops = 2 * weights / layout.tp * (3 + recomputed[name])
+        seconds += flops / (cal.MATMUL_EFFICIENCY * peak * _float8_speedup(work, name, layout))
     return seconds
 
 
@@ -92,12 +99,12 @@ def _compute_seconds(work: Workload, layout: Layout, hw: Hardware, stages: RankS
     linear_shares, attn_share = _recomputed_share(model, layout)
     attn = 2 * work.seq_len * model.q / layout.tp  # causal forward
     blocks = stages.n_blocks * tokens
-    seconds = blocks * _block_matmul_seconds(work, linear_shares, layout.tp, peak)
+    seconds = blocks * _block_matmul_seconds(work, linear_shares, layout, peak)
     attn_eff = cal.attention_efficiency(model.head_dim, work.seq_len / layout.cp)
     seconds += blocks * attn * (3 + attn_share) / (attn_eff * peak)
     if stages.head:
         head_flops = tokens * 6 * model.vocab * model.dim / layout.tp
-        head_speed = cal.MATMUL_EFFICIENCY * peak * _float8_speedup(work, HEAD, layout.tp)
+        head_speed = cal.MATMUL_EFFICIENCY * peak * _float8_speedup(work, HEAD, layout)
         seconds += head_flops / head_speed
         kind = work.loss_kind(layout)
         vocab = model.vocab / (layout.tp if work.loss_parallel else 1)
