@@ -72,8 +72,8 @@ def _float8_speedup(work: Workload, name: str, layout: Layout) -> float:
     if setting.recipe == "tensorwise":
         speedup = cal.FLOAT8_MATMUL_SPEEDUP
         if not setting.tensorwise_backward:
-            checkpointed = "checkpointed" if layout.ac_mode != "none" else "none"
-            speedup *= cal.FLOAT8_TORCHAO_TENSORWISE_BACKWARD_SPEED[checkpointed]
+            ac = "none" if layout.ac_mode == "none" else "checkpointed"
+            speedup *= cal.FLOAT8_TORCHAO_TENSORWISE_BACKWARD_SPEED[ac]
     else:
         speedup = cal.FLOAT8_ROWWISE_MATMUL_SPEEDUP
         if setting.rowwise_backward:
