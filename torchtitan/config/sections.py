@@ -312,7 +312,8 @@ class Compile(Section):
     tune_kernels: bool = opt(
         False,
         "with enable: let inductor tune the block sizes of its generated GPU kernels "
-        "(coordinate descent): +0.4-1.5% tokens/s measured, 30-40 s more compile",
+        "(coordinate descent): +0.4-1.5% tokens/s measured; 30-110 s more compile with an "
+        "empty inductor cache (TORCHINDUCTOR_CACHE_DIR), none with a warm one",
     )
 
     def validate(self) -> None:
