@@ -45,7 +45,7 @@ FLOAT8_ROWWISE_MATMUL_SPEEDUP = 1.12
 # ms without AC, where its backward's inductor reductions took 3.14 against 1.17 ms, and 9.71
 # against 9.42 ms under selective AC (measured there; applied to every checkpointed mode). At
 # 1B's shapes it costs less: 0.7 % of the trainer's step without AC (call 69), so the 1B points
-# of torchao's backward stay 5-8 % under the estimate.
+# of torchao's backward run 2-6 % faster than estimated.
 FLOAT8_TORCHAO_TENSORWISE_BACKWARD_SPEED = {"none": 0.839, "checkpointed": 0.970}
 # Our rowwise backward (--float8.own_backward, the default; docs/performance.md finding 28) over
 # torchao's, on the rowwise linears' time: the 8B block under selective AC 21.12 -> 18.88 ms
@@ -105,10 +105,10 @@ FLOAT8_ALL_GATHER_CAST_GAIN = 1.031
 # they overcount). base, fsdp and tp refitted after call 100 (before: 0.98, 0.90, 0.92) by least
 # squares on the log tokens/s errors of the 111 points, alternating with FLOAT8_MATMUL_SPEEDUP
 # and the two float8-under-TP constants until none moved. The root mean square error went from
-# 4.9 to 3.7 %: the one-GPU points had sat 3.6 % under the estimates on average, the FSDP ones
-# 1.2 % over. pp and cp stay 1.0: fitted too (1.04 and 1.07), they made FSDP2xCP2 the planner's
-# pick for 8B at seq 8192 on 4x H200, a layout never measured, from CP points measured only at
-# seq 32768.
+# 4.9 to 3.7 %: the one-GPU points had run 3.6 % faster than estimated on average, the FSDP
+# ones 1.2 % slower. pp and cp stay 1.0: fitted too (1.04 and 1.07), they made FSDP2xCP2 the
+# planner's pick for 8B at seq 8192 on 4x H200, a layout never measured, from CP points measured
+# only at seq 32768.
 LAYOUT_EFFICIENCY = {"base": 1.02, "fsdp": 0.874, "tp": 0.945, "pp": 1.0, "cp": 1.0}
 
 
