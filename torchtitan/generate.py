@@ -28,7 +28,6 @@ from torchtitan.data.tokenizer import Tokenizer
 from torchtitan.inference.sampling import Sampling, TokenSampler, generate_tokens
 from torchtitan.inference.weights import WeightsSource, load_model, locate_weights, model_args_for
 from torchtitan.models.llama3 import ModelArgs, Transformer
-from torchtitan.quick_exit import exit_quickly
 
 FLAGS = {  # name: (type, help); the defaults are GenerateOptions'
     "prompt": (str, "text to continue (BOS is prepended); empty: start from BOS alone"),
@@ -244,4 +243,4 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_quickly(main())
+    sys.exit(main())

@@ -15,7 +15,6 @@ from torchtitan.planning.hardware import CARDS, HardwareError, make_hardware
 from torchtitan.planning.layout import Layout, Workload
 from torchtitan.planning.report import format_plan
 from torchtitan.planning.search import Candidate, check_job, evaluate, search
-from torchtitan.quick_exit import exit_quickly
 
 FLAGS = {
     "gpus": (int, "GPUs per node (as NGPU of run_train.sh); required"),
@@ -90,4 +89,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_quickly(main())
+    sys.exit(main())

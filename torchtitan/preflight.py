@@ -38,7 +38,6 @@ from torchtitan.parallel.pipeline import (
 from torchtitan.parallel.tensor_parallel import check_tp_degree
 from torchtitan.paths import absolute, shown
 from torchtitan.planning.fit import check_memory
-from torchtitan.quick_exit import exit_quickly
 
 USER_ERRORS = (ConfigError, DataError, TokenizerError)
 
@@ -221,4 +220,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_quickly(main())
+    sys.exit(main())

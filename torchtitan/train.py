@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import sys
 import time
 from pathlib import Path
 
@@ -30,7 +31,6 @@ from torchtitan.optim import build_lr_scheduler, build_optimizer, clip_grad_norm
 from torchtitan.parallel.context_parallel import cp_context
 from torchtitan.parallel.float8 import precompute_float8_scales
 from torchtitan.parallel.tensor_parallel import plain_loss
-from torchtitan.quick_exit import exit_quickly
 from torchtitan.validate import ForwardPieces, Validator
 
 logger = logging.getLogger("torchtitan")
@@ -399,4 +399,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    exit_quickly(main())
+    sys.exit(main())

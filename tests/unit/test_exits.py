@@ -1,15 +1,16 @@
 """How a rank ends (torchtitan/exits.py), how the launcher picks the line it shows last
-(torchtitan/launch.py), Ctrl-C in the PreemptionGuard (torchtitan/runtime.py), and the entry
-points' quick exit (torchtitan/quick_exit.py)."""
+(torchtitan/launch.py), Ctrl-C in the PreemptionGuard (torchtitan/runtime.py), and a clean exit
+after success."""
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -22,7 +23,6 @@ from torchtitan.config import ConfigError
 from torchtitan.data.text import DataError
 from torchtitan.observability import flight_recorder as fr
 from torchtitan.observability.numerics import NonFiniteError
-from torchtitan.quick_exit import exit_quickly
 
 GLOO_TIMEOUT = RuntimeError(
     "[/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting "
@@ -297,12 +297,13 @@ def test_paths_in_errors_are_absolute(tmp_path, monkeypatch):
     assert shown(Path("~/x")).startswith(str(Path.home()))
 
 
-@pytest.mark.parametrize("code, frozen", [(0, True), (3, False)])
-def test_exit_quickly_freezes_the_heap_of_a_process_that_succeeded(code, frozen):
-    try:
-        with pytest.raises(SystemExit) as stop:
-            exit_quickly(code)
-        assert stop.value.code == code
-        assert (gc.get_freeze_count() > 0) == frozen  # the final collection skips those objects
-    finally:
-        gc.unfreeze()
+def test_a_command_that_succeeded_exits_without_noise():
+    """Nothing on stderr after a successful command's own output. Freezing the heap before the
+    exit (to skip the final garbage collection, as the entry points once did) kept Triton's
+    objects alive past its extension's teardown, which then listed each as a leak: about 600
+    lines after every successful run on CPU with Triton 3.9."""
+    done = subprocess.run(
+        [sys.executable, "-m", "torchtitan.plan", "--help"], capture_output=True, text=True
+    )
+    assert done.returncode == 0 and done.stdout.startswith("usage:")
+    assert done.stderr == ""
