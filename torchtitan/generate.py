@@ -36,6 +36,7 @@ FLAGS = {  # name: (type, help); the defaults are GenerateOptions'
     "top_k": (int, "sample among the k most likely tokens; 0 = the whole vocabulary"),
     "seed": (int, "seed of the sampling generator: the same seed gives the same text"),
     "device": (str, "auto (cuda if available, else cpu), cpu, cuda or cuda:N"),
+    "eager": (bool, "on a GPU, launch each token's kernels from Python, not as a CUDA graph"),
 }
 SAMPLING_FLAGS = ("temperature", "top_k", "seed")  # fields of Sampling
 
@@ -46,6 +47,7 @@ class GenerateOptions:
     max_new_tokens: int = 100
     sampling: Sampling = field(default_factory=Sampling)
     device: str = "auto"
+    eager: bool = False
 
     def owner(self, name: str):
         """The object holding flag ``name``."""
@@ -193,23 +195,34 @@ def load(job: GenerationJob) -> Transformer:
 def stream(job: GenerationJob, model: Transformer, out: TextIO) -> list[int]:
     """Write the prompt, then each decoded piece of the continuation; -> the new token ids."""
     eos_id, options = job.tokenizer.eos_id, job.options
-    text, ids = TextStream(job.tokenizer), []
+    text, ids, first = TextStream(job.tokenizer), [], 0.0
     out.write(options.prompt)
     out.flush()
     start = time.perf_counter()
     sampler = TokenSampler(options.sampling, vocab_size=job.tokenizer.vocab_size)
-    for token in generate_tokens(model, job.prompt_ids, options.max_new_tokens, sampler, eos_id):
+    tokens = generate_tokens(
+        model, job.prompt_ids, options.max_new_tokens, sampler, eos_id, not options.eager
+    )
+    for token in tokens:
         ids.append(token)
+        if len(ids) == 1:
+            first = time.perf_counter() - start
         if token != eos_id:
             out.write(text.push(token))
             out.flush()
     out.write(text.finish() + "\n")
     out.flush()
-    seconds = time.perf_counter() - start
-    reason = "EOS" if ids[-1] == eos_id else "--max_new_tokens"
-    rate = len(ids) / seconds
-    log(f"{len(ids)} tokens in {seconds:.2f}s ({rate:.1f} tokens/s), stopped at {reason}")
+    log(summary(ids, first, time.perf_counter() - start, eos_id))
     return ids
+
+
+def summary(ids: list[int], first: float, seconds: float, eos_id: int | None) -> str:
+    """``32 tokens in 0.41s: the first after 52 ms, then 78.0 tokens/s; stopped at EOS``."""
+    reason = "EOS" if ids[-1] == eos_id else "--max_new_tokens"
+    line = f"{len(ids)} tokens in {seconds:.2f}s: the first after {first * 1e3:.0f} ms"
+    if len(ids) > 1:
+        line += f", then {(len(ids) - 1) / (seconds - first):.1f} tokens/s"
+    return f"{line}; stopped at {reason}"
 
 
 def run(job: GenerationJob, out: TextIO) -> list[int]:

@@ -10,6 +10,7 @@ up to 4.3); greedy ids from our DCP checkpoint, from its HF export read by us, a
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import sys
 
@@ -21,6 +22,7 @@ from tests.unit.test_hf_scripts import script_main
 from torchtitan import generate
 from torchtitan.checkpoint import save_seed_checkpoint
 from torchtitan.data.tokenizer import Tokenizer
+from torchtitan.inference.graphed_decode import decode_step
 from torchtitan.inference.sampling import Sampling, TokenSampler, generate_tokens
 from torchtitan.models.llama3 import ModelArgs, get_model_args
 from torchtitan.models.llama3.kv_cache import KVCache
@@ -58,6 +60,27 @@ def test_cached_decoding_matches_a_full_forward(n_kv_heads):
     assert (cached - full).abs().max().item() < CACHE_ATOL
 
 
+@pytest.mark.parametrize("n_kv_heads", [2, None], ids=["gqa", "mha"])
+def test_the_fixed_shape_step_matches_the_cached_forward(n_kv_heads):
+    """``decode_step`` (what the CUDA graph replays: position as a tensor, attention over the
+    whole cache under a mask) gives the cached forward's logits and stores the same keys."""
+    model = small_model(n_kv_heads=n_kv_heads)
+    x = torch.randint(0, model.args.vocab_size, (1, 24), generator=torch.Generator().manual_seed(0))
+    caches = [KVCache(model.args, batch_size=1, max_len=32) for _ in range(2)]
+    key_positions = torch.arange(32)
+    with torch.no_grad():
+        for cache in caches:
+            model(x[:, :16], cache=cache, start_pos=0)
+        for p in range(16, 24):
+            want = model(x[:, p : p + 1], cache=caches[0], start_pos=p)[0, -1]
+            got = decode_step(model, caches[1], x[:, p : p + 1], torch.tensor([p]), key_positions)
+            assert want.abs().max() > 1.0
+            assert (got - want).abs().max().item() < CACHE_ATOL, p
+    for name, layer in caches[0].layers.items():
+        torch.testing.assert_close(caches[1].layers[name].keys, layer.keys)
+        torch.testing.assert_close(caches[1].layers[name].values, layer.values)
+
+
 def test_cache_bounds_are_one_line_errors():
     model = small_model()
     with pytest.raises(ValueError, match="exceeds the model's max_seq_len 128"):
@@ -78,6 +101,28 @@ def test_eos_stops_generation():
     stop_at = next(i for i in range(2, 12) if free[i] not in free[:i])
     stopped = list(generate_tokens(model, prompt, 12, greedy(), eos_id=free[stop_at]))
     assert stopped == free[: stop_at + 1]
+
+
+def test_the_head_runs_on_the_last_position_only():
+    """The prompt's pass sends one position through the head, not the whole prompt, and gets
+    the logits a full forward gives there; the model is left as it was (head on)."""
+    model = small_model()
+    prompt = list(range(1, 31))
+    head_inputs = []
+    model.output.register_forward_hook(lambda m, args, out: head_inputs.append(args[0].shape))
+    sampler, logits_seen = greedy(), []
+
+    def recording(logits):
+        logits_seen.append(logits.clone())
+        return sampler(logits)
+
+    ids = list(generate_tokens(model, prompt, 3, recording))
+    assert head_inputs == [(1, 1, model.args.dim)] * 3
+    assert model.defer_head is False
+    with torch.no_grad():
+        full = model(torch.tensor([prompt + ids[:1]]))[0]
+    assert (logits_seen[0] - full[-2]).abs().max().item() < CACHE_ATOL
+    assert (logits_seen[1] - full[-1]).abs().max().item() < CACHE_ATOL
 
 
 def test_top_k_sampling_is_seeded_and_stays_in_the_top_k():
@@ -231,9 +276,10 @@ def test_cli_streams_the_continuation(exported, capsys):
     assert len([piece for piece in out.flushed if piece]) >= 10
     assert "".join(out.flushed) == out.getvalue() and out.getvalue().endswith("\n")
     err = capsys.readouterr().err
-    assert "loading DCP checkpoint" in err and "12 tokens in" in err
+    assert "loading DCP checkpoint" in err
+    assert re.search(r"12 tokens in [\d.]+s: the first after \d+ ms, then [\d.]+ tokens/s", err)
     again = Recorder()
-    assert generate.main(argv, out=again) == 0
+    assert generate.main(argv + ["--eager"], out=again) == 0  # eager is how CPU decodes anyway
     assert again.getvalue() == out.getvalue()  # same seed, same text
 
 

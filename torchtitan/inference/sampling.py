@@ -3,11 +3,12 @@ step; greedy (temperature 0) or top-k sampling from a seeded generator."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from torchtitan.inference.graphed_decode import GraphedDecoder
 from torchtitan.models.llama3 import Transformer
 from torchtitan.models.llama3.kv_cache import KVCache
 
@@ -58,16 +59,42 @@ def model_dtype(model: Transformer) -> torch.dtype:
     return next(model.parameters()).dtype
 
 
+def last_position_logits(
+    model: Transformer, tokens: torch.Tensor, cache: KVCache, start_pos: int
+) -> torch.Tensor:
+    """The logits of the first sequence's last position (vocab_size,). The head runs on that one
+    position: over a whole prompt it would write prompt length x vocabulary logits (2 GiB in
+    bf16 for 8,192 tokens of Llama 3's 128,256) to keep one row."""
+    model.defer_head = True
+    try:
+        hidden = model(tokens, cache=cache, start_pos=start_pos)  # normed, before the head
+    finally:
+        model.defer_head = False
+    return model.output(hidden[:, -1:])[0, -1]
+
+
+def eager_decoder(model: Transformer, cache: KVCache) -> Callable[[int, int], torch.Tensor]:
+    device = model.rope_cache.device
+
+    def decode(token: int, position: int) -> torch.Tensor:
+        return last_position_logits(model, torch.tensor([[token]], device=device), cache, position)
+
+    return decode
+
+
 @torch.inference_mode()
 def generate_tokens(
     model: Transformer,
     prompt_ids: Sequence[int],
     max_new_tokens: int,
-    sampler: TokenSampler,
+    sampler: Callable[[torch.Tensor], int],
     eos_id: int | None = None,
+    cuda_graph: bool = True,
 ) -> Iterator[int]:
     """Yield up to ``max_new_tokens`` new token ids continuing ``prompt_ids``; stops after
-    yielding ``eos_id``. The model needs ``len(prompt_ids) + max_new_tokens <= max_seq_len``."""
+    yielding ``eos_id``. The model needs ``len(prompt_ids) + max_new_tokens <= max_seq_len``.
+    On a GPU the tokens after the first are decoded by a CUDA graph (``GraphedDecoder``) unless
+    ``cuda_graph`` is false."""
     if not prompt_ids:
         raise ValueError("the prompt has no tokens (start it with BOS)")
     if max_new_tokens <= 0:
@@ -81,13 +108,15 @@ def generate_tokens(
         dtype=model_dtype(model),
     )
     tokens = torch.tensor([list(prompt_ids)], device=device)
-    logits = model(tokens, cache=cache, start_pos=0)[0, -1]
-    position = len(prompt_ids)
+    logits = last_position_logits(model, tokens, cache, start_pos=0)
+    position, decode = len(prompt_ids), None
     for step in range(max_new_tokens):
         token = sampler(logits)
         yield token
         if token == eos_id or step == max_new_tokens - 1:
             return
-        next_input = torch.tensor([[token]], device=device)
-        logits = model(next_input, cache=cache, start_pos=position)[0, -1]
+        if decode is None:  # only once a second token is wanted: capturing runs a step
+            graphed = cuda_graph and device.type == "cuda"
+            decode = GraphedDecoder(model, cache) if graphed else eager_decoder(model, cache)
+        logits = decode(token, position)
         position += 1
