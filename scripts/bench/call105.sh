@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Call 105 (one H200): generation on a GPU, never run there before. (1) tests/gpu/test_generate_on_gpu.py:
-# Ran twice: in the first run speed() passed its NAME on to the script, which refused it (fixed).
 # the bf16 KV-cache path against a full forward, and the command line on cuda. (2)
 # scripts/bench/generate_speed.py: our decode loop beside transformers' generate, 1B and 8B
 # shapes, random weights; the prompt's pass with the head on the last position only against the
 # head on every position (8B, an 8,192-token prompt).
+# Ran twice: in the first run speed() passed its NAME on to the script, which refused it (fixed).
 source scripts/bench/lib.sh
 card
 T=150 fits 150 gpu_test generate 0 tests/gpu/test_generate_on_gpu.py
