@@ -1,7 +1,8 @@
 """Generation on a GPU (docs/generation.md): the bf16 KV-cache path, whose attention kernels differ
 from the CPU's (a causal prompt pass, then one query over the cache, then an offset chunk with an
-explicit mask), gives the logits of one full bf16 forward; and ``python -m torchtitan.generate``
-loads a DCP checkpoint onto the GPU in bf16 and streams a continuation."""
+explicit mask), gives the logits of one full bf16 forward; the replayed CUDA graph gives the eager
+step's; and ``python -m torchtitan.generate`` loads a DCP checkpoint onto the GPU in bf16 and
+streams a continuation, with and without the graph."""
 
 from __future__ import annotations
 
@@ -31,6 +32,12 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
 
 
+def gpu_model(args):
+    model = empty_model(args, CUDA, torch.bfloat16)  # as torchtitan.generate loads it
+    model.load_state_dict(random_model(args).state_dict())
+    return model
+
+
 def test_cached_decoding_matches_a_full_forward_on_gpu():
     args = get_model_args("debugmodel", max_seq_len=64)
     cpu = random_model(args)
@@ -54,16 +61,11 @@ def test_cached_decoding_matches_a_full_forward_on_gpu():
     )
     # A cache bug (a position off, a missing mask) or a weight loaded wrongly moves the logits
     # by their own size. bf16 rounding through 6 blocks whose outputs random_model scales up
-    # tenfold: 3.6 % of the largest logit against fp32 and 1.0 % cached against full on CPU.
+    # tenfold: 3.0 % of the largest logit against fp32 and < 0.005 % cached against full on an
+    # H200 (calls 105-109).
     assert bf16_vs_fp32 < 0.1
     assert cached_vs_full < 0.05
     assert agree > 0.9
-
-
-def gpu_model(args):
-    model = empty_model(args, CUDA, torch.bfloat16)  # as torchtitan.generate loads it
-    model.load_state_dict(random_model(args).state_dict())
-    return model
 
 
 def test_the_cuda_graph_gives_the_eager_steps_logits():
@@ -86,8 +88,8 @@ def test_the_cuda_graph_gives_the_eager_steps_logits():
             agree.append(bool(got.argmax() == want.argmax()))
     same = agree.count(True)
     print(f"graph vs eager: largest relative error {max(errors):.4f}, same argmax {same}/31")
-    # Both sum in float32 and round the probabilities to bf16, in different orders; a wrong
-    # position or mask is off by the logits' own size.
+    # Both sum in float32 and round the probabilities to bf16, in different orders (1.94 % on an
+    # H200, calls 108-109); a wrong position or mask is off by the logits' own size.
     assert max(errors) < 0.05
     assert same >= 28
 
@@ -97,13 +99,10 @@ def test_the_command_line_generates_on_gpu(tmp_path, capsys):
     save_seed_checkpoint(random_model(args), tmp_path / "step-0")
     argv = ["--prompt", "The tokenizer", "--max_new_tokens", "32", "--temperature", "0"]
     argv += ["--device", "cuda", f"--checkpoint.initial_load_path={tmp_path / 'step-0'}"]
-    texts = []
     for extra in ([], ["--eager"]):
         out = io.StringIO()
         assert generate.main(argv + extra, out=out) == 0
         err = capsys.readouterr().err
         print(out.getvalue(), err)
-        assert out.getvalue().startswith("The tokenizer")
+        assert out.getvalue().startswith("The tokenizer") and len(out.getvalue()) > 20
         assert "on cuda (bfloat16)" in err and "32 tokens in" in err
-        texts.append(out.getvalue())
-    assert len(texts[0]) > len("The tokenizer\n")
