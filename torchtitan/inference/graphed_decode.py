@@ -96,10 +96,12 @@ class GraphedDecoder:
         # Warm-up writes its key/value at the cache's last position, which decoding never reads
         # before writing it (the last new token is not fed back), and masks until then.
         self.position = torch.full((1,), cache.max_len - 1, device=device)
-        key_positions = torch.arange(cache.max_len, device=device)
+        # Held by self like every input the graph reads: a tensor freed after capture hands its
+        # memory to the next allocation, and the replays read whatever is written there.
+        self.key_positions = torch.arange(cache.max_len, device=device)
 
         def step() -> torch.Tensor:
-            return decode_step(model, cache, self.token, self.position, key_positions)
+            return decode_step(model, cache, self.token, self.position, self.key_positions)
 
         # Capture needs the kernels' libraries loaded and the allocator warm: run once on a
         # side stream first, as torch.cuda.graphs asks.
