@@ -4,16 +4,12 @@
 # scripts/bench/generate_speed.py: our decode loop beside transformers' generate, 1B and 8B
 # shapes, random weights; the prompt's pass with the head on the last position only against the
 # head on every position (8B, an 8,192-token prompt).
-# Ran twice: in the first run speed() passed its NAME on to the script, which refused it (fixed).
+# Ran twice: in the first run speed() (then defined here, now in lib.sh) passed its NAME on to the
+# script, which refused it (fixed).
 source scripts/bench/lib.sh
 card
 T=150 fits 150 gpu_test generate 0 tests/gpu/test_generate_on_gpu.py
 grep -E "relative|passed|failed|Error|tokens in" $out/logs/generate.log | cut -c1-200
-speed() {  # speed NAME ARGS...: generate_speed.py on GPU 0
-  local name=$1; shift
-  CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$site:$root timeout ${T:-200} python3 scripts/bench/generate_speed.py "$@" \
-    > $out/logs/speed_$name.log 2>&1; echo "== $name rc=$?"; grep -E "H200|first token|Error" $out/logs/speed_$name.log | cut -c1-200
-}
 T=150 fits 150 speed 1b --flavor 1B --prompt-tokens 512 --new-tokens 256
 T=200 fits 200 speed 8b --flavor 8B --prompt-tokens 512 --new-tokens 256
 T=150 fits 150 speed 8b_long --flavor 8B --prompt-tokens 8192 --new-tokens 64 --impl ours

@@ -5,11 +5,6 @@
 # prompt position against every position, and one profiled run.
 source scripts/bench/lib.sh
 card
-speed() {  # speed NAME ARGS...: generate_speed.py on GPU 0
-  local name=$1; shift
-  CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$site:$root timeout ${T:-200} python3 scripts/bench/generate_speed.py "$@" \
-    > $out/logs/speed_$name.log 2>&1; echo "== $name rc=$?"; grep -E "H200|first token|profiled|Error" $out/logs/speed_$name.log | cut -c1-200
-}
 T=150 fits 150 speed short --flavor 8B --prompt-tokens 512 --new-tokens 256 --impl ours --profile
 T=120 fits 120 speed short_flash --flavor 8B --prompt-tokens 512 --new-tokens 256 --impl ours --sdpa flash
 T=120 fits 120 speed long --flavor 8B --prompt-tokens 8192 --new-tokens 64 --impl ours --profile

@@ -7,11 +7,6 @@ source scripts/bench/lib.sh
 card
 T=150 fits 150 gpu_test generate 0 tests/gpu/test_generate_on_gpu.py
 grep -E "relative|graph vs|passed|failed|Error|tokens in" $out/logs/generate.log | cut -c1-200
-speed() {  # speed NAME ARGS...: generate_speed.py on GPU 0
-  local name=$1; shift
-  CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$site:$root timeout ${T:-200} python3 scripts/bench/generate_speed.py "$@" \
-    > $out/logs/speed_$name.log 2>&1; echo "== $name rc=$?"; grep -E "H200|first token|Error" $out/logs/speed_$name.log | cut -c1-200
-}
 T=100 fits 100 speed 8b --flavor 8B --prompt-tokens 512 --new-tokens 256 --impl ours
 T=100 fits 100 speed 8b_long --flavor 8B --prompt-tokens 8192 --new-tokens 64 --impl ours
 T=100 fits 100 speed 8b_long_eager --flavor 8B --prompt-tokens 8192 --new-tokens 64 --impl ours --eager

@@ -48,6 +48,15 @@ block_step() {
   echo "== $name rc=$?"
   grep -A${SHOW:-8} "forward+backward" $out/logs/blk_$name.log | grep -v -i warn | cut -c1-160
 }
+# speed NAME ARGS...: scripts/bench/generate_speed.py on GPU 0, stopped after T seconds (default
+# 200); prints its timing lines.
+speed() {
+  local name=$1; shift
+  CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$site:$root timeout ${T:-200} python3 $root/scripts/bench/generate_speed.py "$@" \
+    > $out/logs/speed_$name.log 2>&1
+  echo "== $name rc=$?"
+  grep -E "H200|first token|profiled|Error" $out/logs/speed_$name.log | cut -c1-200
+}
 # gpu_test NAME GPUS FILE: pytest FILE (tests/gpu/) on the listed GPUs, output to $out/logs/NAME.log.
 gpu_test() {
   CUDA_VISIBLE_DEVICES=$2 PYTHONPATH=$site:$root timeout ${T:-300} python3 -m pytest -q -s -p no:cacheprovider \
