@@ -21,6 +21,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from torchtitan.inference.sampling import Sampling, TokenSampler, generate_tokens
+from torchtitan.inference.weights import empty_model
 from torchtitan.models.llama3 import Transformer, get_model_args
 from torchtitan.models.llama3.hf.config import hf_config_dict
 
@@ -33,13 +34,12 @@ BACKENDS = {
 
 
 def random_ours(flavor: str, context: int) -> Transformer:
-    with torch.device("meta"):
-        model = Transformer(get_model_args(flavor, max_seq_len=context))
-    model.to_empty(device="cuda")
-    model.init_weights(torch.device("cuda"))
-    model.to(torch.bfloat16)
-    model.init_rope_cache(torch.device("cuda"))  # float32, as torchtitan.generate loads it
-    return model.eval()
+    """The model as torchtitan.generate loads it (bf16, float32 RoPE table), random weights."""
+    model = empty_model(
+        get_model_args(flavor, max_seq_len=context), torch.device("cuda"), torch.bfloat16
+    )
+    model.init_weights()
+    return model
 
 
 def random_hf(flavor: str, context: int):
