@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from torchtitan.models.llama3 import Transformer
 from torchtitan.models.llama3.kv_cache import KVCache, LayerKVCache
-from torchtitan.models.llama3.model import Attention, apply_rope
+from torchtitan.models.llama3.model import Attention
 
 
 def matmul_float32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -43,10 +43,7 @@ def attend_one(
 ) -> torch.Tensor:
     """x (1, 1, dim) at ``position`` (a one-element tensor) -> the attention's output."""
     head_dim = attention.head_dim
-    xq = attention.wq(x).view(1, 1, -1, head_dim)
-    xk = attention.wk(x).view(1, 1, -1, head_dim)
-    xv = attention.wv(x).view(1, 1, -1, head_dim)
-    xq, xk = apply_rope(xq, xk, rope)
+    xq, xk, xv = attention.rotated_qkv(x, rope)
     cache.keys.index_copy_(1, position, xk)
     cache.values.index_copy_(1, position, xv)
     q = xq.view(xk.shape[2], -1, head_dim)  # (kv_heads, n_rep, head_dim): head h reads h // n_rep

@@ -138,6 +138,19 @@ class Attention(nn.Module):
         self.wv = nn.Linear(args.dim, args.kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
 
+    def rotated_qkv(
+        self, x: torch.Tensor, rope_cache: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values of x, (bs, seqlen, heads, head_dim) each; queries and keys
+        rotated by their positions' RoPE angles (rope_cache's first seqlen rows)."""
+        bs, seqlen, _ = x.shape
+        # -1, not n_heads: under tensor parallelism each rank holds only its share of the heads.
+        xq = self.wq(x).view(bs, seqlen, -1, self.head_dim)
+        xk = self.wk(x).view(bs, seqlen, -1, self.head_dim)
+        xv = self.wv(x).view(bs, seqlen, -1, self.head_dim)
+        xq, xk = apply_rope(xq, xk, rope_cache)
+        return xq, xk, xv
+
     def forward(
         self,
         x: torch.Tensor,
@@ -148,11 +161,7 @@ class Attention(nn.Module):
         """With ``kv_cache``, x holds positions ``start_pos ...`` (rope_cache starts there too)
         and attends to every earlier position stored in the cache."""
         bs, seqlen, _ = x.shape
-        # -1, not n_heads: under tensor parallelism each rank holds only its share of the heads.
-        xq = self.wq(x).view(bs, seqlen, -1, self.head_dim)
-        xk = self.wk(x).view(bs, seqlen, -1, self.head_dim)
-        xv = self.wv(x).view(bs, seqlen, -1, self.head_dim)
-        xq, xk = apply_rope(xq, xk, rope_cache)
+        xq, xk, xv = self.rotated_qkv(x, rope_cache)
         if kv_cache is not None:
             xk, xv = kv_cache.update(xk, xv, start_pos)
 
