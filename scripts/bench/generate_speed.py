@@ -1,14 +1,16 @@
-"""Decoding speed on one GPU: our KV-cache loop (``torchtitan.inference.sampling.generate_tokens``,
-what ``python -m torchtitan.generate`` runs; on a GPU it replays each token's step as a CUDA graph,
-``--eager`` launches it from Python) beside transformers' ``generate`` (eager) on a model of the
-same shapes, both bf16, greedy, batch 1, random weights (speed does not depend on them).
+"""Decoding speed on one GPU: our KV-cache loop (``torchtitan.inference.generation``, what
+``python -m torchtitan.generate`` runs; on a GPU it replays each step as a CUDA graph, ``--eager``
+launches it from Python) beside transformers' ``generate`` (eager) on a model of the same shapes,
+both bf16, greedy, random weights (speed does not depend on them).
 
     python scripts/bench/generate_speed.py --flavor 8B --prompt-tokens 512 --new-tokens 256
+    python scripts/bench/generate_speed.py --flavor 8B --batch 16   # 16 distinct prompts at once
 
-Prints per implementation and run (the first, cold, then ``--repeats`` more): the prompt's pass
-(time to the first token), the decode rate of the tokens after it, and the peak memory
-allocated. ``--sdpa`` restricts attention to one backend. ``--all-positions`` runs our prompt
-pass with the head over every prompt position (as before the head took the last position only).
+Prints per implementation and run (the first, cold, then ``--repeats`` more): the prompts' pass
+(time to the first tokens), the decode rate after it (new tokens per second over the batch, and
+milliseconds per step), and the peak memory allocated. The prompts of a batch have the same
+length, so transformers needs no padding. ``--sdpa`` restricts attention to one backend.
+(``--all-positions`` of calls 105-106 went with the batched prompts' pass.)
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import time
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from torchtitan.inference.sampling import Sampling, TokenSampler, generate_tokens
+from torchtitan.inference.generation import generate_batch
+from torchtitan.inference.sampling import Sampling, TokenSampler
 from torchtitan.inference.weights import empty_model
 from torchtitan.models.llama3 import Transformer, get_model_args
 from torchtitan.models.llama3.hf.config import hf_config_dict
@@ -53,19 +56,21 @@ def random_hf(flavor: str, context: int):
     return model.eval()
 
 
-def timed_ours(model, prompt: list[int], new_tokens: int, graph: bool) -> tuple[float, float]:
-    """-> (seconds to the first token, seconds for the rest)."""
+def timed_ours(
+    model, prompts: list[list[int]], new_tokens: int, graph: bool
+) -> tuple[float, float]:
+    """-> (seconds to the first tokens, seconds for the rest)."""
     torch.cuda.synchronize()
     start = time.perf_counter()
     first = None
-    greedy = TokenSampler(Sampling(temperature=0))
-    for _ in generate_tokens(model, prompt, new_tokens, greedy, cuda_graph=graph):
-        first = first or time.perf_counter()  # each token is read on the host: synchronized
+    greedy = TokenSampler(Sampling(temperature=0), sequences=len(prompts))
+    for _ in generate_batch(model, prompts, new_tokens, greedy, cuda_graph=graph):
+        first = first or time.perf_counter()  # each step's tokens are read on the host
     return first - start, time.perf_counter() - first
 
 
-def timed_hf(model, prompt: list[int], new_tokens: int) -> tuple[float, float]:
-    ids = torch.tensor([prompt], device="cuda")
+def timed_hf(model, prompts: list[list[int]], new_tokens: int) -> tuple[float, float]:
+    ids = torch.tensor(prompts, device="cuda")
     kwargs = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0)
 
     def run(n: int) -> float:
@@ -73,28 +78,28 @@ def timed_hf(model, prompt: list[int], new_tokens: int) -> tuple[float, float]:
         start = time.perf_counter()
         out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kwargs)
         torch.cuda.synchronize()
-        assert out.shape[1] == len(prompt) + n
+        assert out.shape[1] == ids.shape[1] + n
         return time.perf_counter() - start
 
     prefill = run(1)
     return prefill, run(new_tokens) - prefill
 
 
-def measure(name: str, model, timed, prompt: list[int], new_tokens: int, repeats: int) -> None:
+def measure(name: str, model, timed, prompts: list[list[int]], new_tokens: int, repeats: int):
     """The first run (cold: cuBLAS/cuDNN plans, the allocator) and ``repeats`` more."""
     torch.cuda.reset_peak_memory_stats()
     for run in range(repeats + 1):
-        prefill, rest = timed(model, prompt, new_tokens)
+        prefill, rest = timed(model, prompts, new_tokens)
         print(
             f"{name:<24} {'cold' if run == 0 else f'run {run}'}: first token "
-            f"{prefill * 1e3:8.1f} ms  decode {(new_tokens - 1) / rest:6.1f} tokens/s "
-            f"({rest / (new_tokens - 1) * 1e3:.2f} ms/token)  peak "
+            f"{prefill * 1e3:8.1f} ms  decode {len(prompts) * (new_tokens - 1) / rest:7.1f} "
+            f"tokens/s ({rest / (new_tokens - 1) * 1e3:.2f} ms/step)  peak "
             f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB",
             flush=True,
         )
 
 
-def profile(model, timed, prompt: list[int], new_tokens: int) -> None:
+def profile(model, timed, prompts: list[list[int]], new_tokens: int) -> None:
     """One more run under the profiler: GPU kernel time against the run's wall time (a decode
     loop whose GPU idles waits on the host's launches), and the top kernels."""
     from torch.autograd import DeviceType
@@ -103,7 +108,7 @@ def profile(model, timed, prompt: list[int], new_tokens: int) -> None:
 
     with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         start = time.perf_counter()
-        timed(model, prompt, new_tokens)
+        timed(model, prompts, new_tokens)
         wall = time.perf_counter() - start
     events = prof.key_averages()
     kernels = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA)
@@ -119,7 +124,7 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--impl", choices=["ours", "hf", "both"], default="both")
-    p.add_argument("--all-positions", action="store_true")
+    p.add_argument("--batch", type=int, default=1, help="prompts decoded together")
     p.add_argument("--sdpa", choices=["default", *BACKENDS], default="default")
     p.add_argument("--profile", action="store_true", help="profile one more run of ours")
     p.add_argument("--eager", action="store_true", help="ours without the CUDA graph")
@@ -127,9 +132,9 @@ def main() -> None:
     context = a.prompt_tokens + a.new_tokens
     gen = torch.Generator().manual_seed(0)
     vocab = get_model_args(a.flavor).vocab_size
-    prompt = torch.randint(vocab, (a.prompt_tokens,), generator=gen).tolist()
+    prompts = torch.randint(vocab, (a.batch, a.prompt_tokens), generator=gen).tolist()
     print(
-        f"{torch.cuda.get_device_name()}; {a.flavor}, prompt {a.prompt_tokens}, "
+        f"{torch.cuda.get_device_name()}; {a.flavor}, batch {a.batch}, prompt {a.prompt_tokens}, "
         f"{a.new_tokens} new; attention {a.sdpa}"
     )
     if a.sdpa != "default":
@@ -138,16 +143,9 @@ def main() -> None:
         model = random_ours(a.flavor, context)
         name = "ours, eager" if a.eager else "ours"
         timed = functools.partial(timed_ours, graph=not a.eager)
-        if a.all_positions:  # the head over the whole prompt, as before
-            from torchtitan.inference import sampling
-
-            sampling.last_position_logits = lambda m, t, c, start_pos: m(
-                t, cache=c, start_pos=start_pos
-            )[0, -1]
-            name = "ours, head everywhere"
-        measure(name, model, timed, prompt, a.new_tokens, a.repeats)
+        measure(name, model, timed, prompts, a.new_tokens, a.repeats)
         if a.profile:
-            profile(model, timed, prompt, a.new_tokens)
+            profile(model, timed, prompts, a.new_tokens)
         del model
         torch.cuda.empty_cache()
     if a.impl in ("hf", "both"):
@@ -155,7 +153,7 @@ def main() -> None:
 
         model = random_hf(a.flavor, context)
         name = f"transformers {transformers.__version__}"
-        measure(name, model, timed_hf, prompt, a.new_tokens, a.repeats)
+        measure(name, model, timed_hf, prompts, a.new_tokens, a.repeats)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,9 @@ from tests.unit.test_hf_scripts import script_main
 from torchtitan import generate
 from torchtitan.checkpoint import save_seed_checkpoint
 from torchtitan.data.tokenizer import Tokenizer
+from torchtitan.inference.generation import generate_tokens
 from torchtitan.inference.graphed_decode import decode_step
-from torchtitan.inference.sampling import Sampling, TokenSampler, generate_tokens
+from torchtitan.inference.sampling import Sampling, TokenSampler
 from torchtitan.models.llama3 import ModelArgs, get_model_args
 from torchtitan.models.llama3.kv_cache import KVCache
 
@@ -73,7 +74,9 @@ def test_the_fixed_shape_step_matches_the_cached_forward(n_kv_heads):
             model(x[:, :16], cache=cache, start_pos=0)
         for p in range(16, 24):
             want = model(x[:, p : p + 1], cache=caches[0], start_pos=p)[0, -1]
-            got = decode_step(model, caches[1], x[:, p : p + 1], torch.tensor([p]), key_positions)
+            got = decode_step(model, caches[1], x[:, p : p + 1], torch.tensor([p]), key_positions)[
+                0
+            ]
             assert want.abs().max() > 1.0
             assert (got - want).abs().max().item() < CACHE_ATOL, p
     for name, layer in caches[0].layers.items():
@@ -110,13 +113,14 @@ def test_the_head_runs_on_the_last_position_only():
     prompt = list(range(1, 31))
     head_inputs = []
     model.output.register_forward_hook(lambda m, args, out: head_inputs.append(args[0].shape))
-    sampler, logits_seen = greedy(), []
+    logits_seen = []
 
-    def recording(logits):
-        logits_seen.append(logits.clone())
-        return sampler(logits)
+    class Recording(TokenSampler):
+        def sample(self, logits):
+            logits_seen.append(logits[0].clone())
+            return super().sample(logits)
 
-    ids = list(generate_tokens(model, prompt, 3, recording))
+    ids = list(generate_tokens(model, prompt, 3, Recording(Sampling(temperature=0.0))))
     assert head_inputs == [(1, 1, model.args.dim)] * 3
     assert model.defer_head is False
     with torch.no_grad():
@@ -162,7 +166,7 @@ def test_ids_past_the_tokenizer_are_never_sampled():
     for sampling in (Sampling(temperature=0.0), Sampling(temperature=2.0, top_k=50, seed=1)):
         options = generate.GenerateOptions(PROMPT, max_new_tokens=20, sampling=sampling)
         job = generate.GenerationJob(
-            options, None, model.args, tokenizer, prompt, torch.device("cpu")
+            options, None, model.args, tokenizer, [PROMPT], [prompt], torch.device("cpu")
         )
         out = io.StringIO()
         ids = generate.stream(job, model, out)
@@ -221,7 +225,7 @@ def generate_ids(*argv: str) -> tuple[list[int], str, generate.GenerationJob]:
     options, rest = generate.split_flags(list(argv))
     job = generate.prepare(options, rest)
     out = io.StringIO()
-    ids = generate.run(job, out)
+    (ids,) = generate.run(job, out)
     return ids, out.getvalue(), job
 
 
@@ -242,7 +246,7 @@ def test_greedy_generation_matches_transformers(exported, capsys):
     hf = transformers.LlamaForCausalLM.from_pretrained(
         str(exported / "hf"), dtype=torch.float32, attn_implementation="eager"
     ).eval()
-    prompt = torch.tensor([job.prompt_ids])
+    prompt = torch.tensor(job.prompt_ids)
     with torch.no_grad():
         out = hf.generate(
             prompt,

@@ -12,7 +12,9 @@ from torchtitan.models.llama3.args import ModelArgs
 
 
 class LayerKVCache:
-    """One layer's keys and values, (batch, max_len, n_kv_heads, head_dim) each."""
+    """One layer's keys and values, (batch, n_kv_heads, max_len, head_dim) each: heads before
+    positions, so each sequence's head is one (max_len, head_dim) matrix and a batch's heads
+    are one stack of them, which a batched matmul reads in place (graphed_decode.py)."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor):
         self.keys = keys
@@ -24,9 +26,10 @@ class LayerKVCache:
         """Store the keys/values of positions ``start_pos ...``; -> those of every position so
         far (0 to the last one stored)."""
         end = start_pos + xk.shape[1]
-        self.keys[:, start_pos:end] = xk
-        self.values[:, start_pos:end] = xv
-        return self.keys[:, :end], self.values[:, :end]
+        self.keys[:, :, start_pos:end] = xk.transpose(1, 2)
+        self.values[:, :, start_pos:end] = xv.transpose(1, 2)
+        # views in the model's (batch, positions, heads, head_dim) order
+        return self.keys[:, :, :end].transpose(1, 2), self.values[:, :, :end].transpose(1, 2)
 
 
 class KVCache:
@@ -49,7 +52,8 @@ class KVCache:
                 f"{args.max_seq_len} (the RoPE cache length)"
             )
         self.max_len = max_len
-        shape = (batch_size, max_len, args.kv_heads, args.head_dim)
+        self.batch_size = batch_size
+        shape = (batch_size, args.kv_heads, max_len, args.head_dim)
         self.layers = {
             str(i): LayerKVCache(
                 torch.zeros(shape, device=device, dtype=dtype),
@@ -57,6 +61,14 @@ class KVCache:
             )
             for i in range(args.n_layers)
         }
+
+    def copy_rows(self, source: KVCache, rows: torch.Tensor, length: int) -> None:
+        """Fill positions 0..length-1 of every sequence from ``source``: sequence i gets
+        source's sequence ``rows[i]`` (several may share one, e.g. samples of one prompt)."""
+        for name, layer in self.layers.items():
+            src = source.layers[name]
+            layer.keys[:, :, :length] = src.keys[:, :, :length].index_select(0, rows)
+            layer.values[:, :, :length] = src.values[:, :, :length].index_select(0, rows)
 
     def check_fits(self, start_pos: int, seqlen: int) -> None:
         if start_pos < 0 or start_pos + seqlen > self.max_len:

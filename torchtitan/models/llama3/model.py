@@ -95,17 +95,21 @@ def _rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
 def apply_rope(
     xq: torch.Tensor, xk: torch.Tensor, rope_cache: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate xq, xk of shape (bs, seqlen, heads, head_dim) by their position's angles."""
+    """Rotate xq, xk of shape (bs, seqlen, heads, head_dim) by their position's angles:
+    ``rope_cache`` is (positions, head_dim), whose first seqlen rows every sequence shares, or
+    (bs, seqlen, head_dim), each sequence's own (decoding sequences at different positions)."""
     seqlen = xq.shape[1]
-    if seqlen > rope_cache.shape[0]:
-        raise ValueError(
-            f"sequence length {seqlen} exceeds the RoPE cache length {rope_cache.shape[0]}; "
-            "raise model.max_seq_len"
-        )
-    cos, sin = rope_cache[:seqlen].float().chunk(2, dim=-1)
+    if rope_cache.dim() == 2:
+        if seqlen > rope_cache.shape[0]:
+            raise ValueError(
+                f"sequence length {seqlen} exceeds the RoPE cache length {rope_cache.shape[0]}; "
+                "raise model.max_seq_len"
+            )
+        rope_cache = rope_cache[:seqlen][None]
+    cos, sin = rope_cache.float().chunk(2, dim=-1)
     cos = cos.repeat_interleave(2, dim=-1)  # each pair's angle for both of its entries
     sin = torch.stack([-sin, sin], dim=-1).flatten(-2)
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # broadcast over batch and heads
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # broadcast over heads
     return _rotate_pairs(xq, cos, sin), _rotate_pairs(xk, cos, sin)
 
 
