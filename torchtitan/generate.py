@@ -47,11 +47,12 @@ FLAGS = {  # name: (type, help); the defaults are GenerateOptions'
     "max_new_tokens": (int, "stop after this many new tokens (or at the tokenizer's EOS)"),
     "temperature": (float, "sampling temperature; 0 = greedy (always the most likely token)"),
     "top_k": (int, "sample among the k most likely tokens; 0 = the whole vocabulary"),
+    "top_p": (float, "then among the fewest likeliest tokens holding this share; 1 = no limit"),
     "seed": (int, "seed of the sampling generator: the same seed gives the same text"),
     "device": (str, "auto (cuda if available, else cpu), cpu, cuda or cuda:N"),
     "eager": (bool, "on a GPU, launch each token's kernels from Python, not as a CUDA graph"),
 }
-SAMPLING_FLAGS = ("temperature", "top_k", "seed")  # fields of Sampling
+SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "seed")  # fields of Sampling
 
 
 @dataclass

@@ -24,7 +24,7 @@ from torchtitan.checkpoint import save_seed_checkpoint
 from torchtitan.data.tokenizer import Tokenizer
 from torchtitan.inference.generation import generate_tokens
 from torchtitan.inference.graphed_decode import decode_step
-from torchtitan.inference.sampling import Sampling, TokenSampler
+from torchtitan.inference.sampling import Sampling, TokenSampler, nucleus
 from torchtitan.models.llama3 import ModelArgs, get_model_args
 from torchtitan.models.llama3.kv_cache import KVCache
 
@@ -179,11 +179,28 @@ def test_ids_past_the_tokenizer_are_never_sampled():
     assert max(picks) < known and len(picks) > 10
 
 
+def test_top_p_keeps_the_smallest_likeliest_set_holding_p():
+    probs = torch.tensor([[0.05, 0.5, 0.15, 0.3], [0.25, 0.25, 0.25, 0.25]])
+    kept = nucleus(probs, 0.7)
+    assert torch.equal(kept[0], probs[0] * torch.tensor([0, 1, 0, 1]))  # 0.5 + 0.3 >= 0.7
+    assert (kept[1] > 0).sum() == 3  # ties: three quarters hold 0.7
+    assert torch.equal(nucleus(probs, 0.85)[0], probs[0] * torch.tensor([0, 1, 1, 1]))
+    assert (nucleus(probs, 0.01) > 0).sum(dim=-1).tolist() == [1, 1]  # the likeliest stays
+    logits = probs[:1].log().repeat(2, 1)
+    sampler = TokenSampler(Sampling(temperature=1.0, top_k=0, top_p=0.7), sequences=2)
+    draws = [sampler.sample(logits) for _ in range(300)]
+    assert {d for pair in draws for d in pair} == {1, 3}
+    assert [d[0] for d in draws] != [d[1] for d in draws]  # each sequence its own generator
+
+
 def test_sampling_options_are_checked():
     with pytest.raises(ValueError, match="--temperature must be >= 0"):
         TokenSampler(Sampling(temperature=-1.0))
     with pytest.raises(ValueError, match="--top_k must be >= 0"):
         TokenSampler(Sampling(top_k=-2))
+    for top_p in (0.0, 1.5):
+        with pytest.raises(ValueError, match=r"--top_p must be in \(0, 1\]"):
+            TokenSampler(Sampling(top_p=top_p))
 
 
 def test_text_stream_holds_back_split_characters():
@@ -311,6 +328,7 @@ def error_cases(root) -> list[tuple[list[str], str]]:
         ([ckpt, "--training.seq_len", "8", "--prompt", "a b c d e f g"], "the prompt ("),
         ([ckpt, "--top_k", "x"], "--top_k expects int, got 'x'"),
         ([ckpt, "--temperature", "-1"], "--temperature must be >= 0"),
+        ([ckpt, "--top_p", "0"], "--top_p must be in (0, 1]"),
         ([ckpt, "--max_new_tokens", "0"], "--max_new_tokens must be >= 1"),
         ([ckpt, "--prompt"], "--prompt needs a value"),
         ([ckpt, "--promt", "hi"], "unknown option --promt; did you mean --prompt?"),

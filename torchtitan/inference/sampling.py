@@ -1,5 +1,5 @@
-"""Picking the next tokens from logits: greedy (temperature 0) or top-k sampling, each sequence
-from its own seeded generator."""
+"""Picking the next tokens from logits: greedy (temperature 0), or sampling at a temperature among
+the top k and/or the top-p nucleus, each sequence from its own seeded generator."""
 
 from __future__ import annotations
 
@@ -13,12 +13,15 @@ class Sampling:
     temperature: float = 0.8  # 0: greedy (argmax)
     top_k: int = 50  # sample among the k most likely tokens; 0: the whole vocabulary
     seed: int = 0
+    top_p: float = 1.0  # then among the fewest likeliest tokens holding p of the probability
 
     def validate(self) -> None:
         if self.temperature < 0:
             raise ValueError(f"--temperature must be >= 0 (0 = greedy); got {self.temperature}")
         if self.top_k < 0:
             raise ValueError(f"--top_k must be >= 0 (0 = no limit); got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"--top_p must be in (0, 1] (1 = no limit); got {self.top_p}")
 
 
 class TokenSampler:
@@ -57,7 +60,10 @@ class TokenSampler:
         if 0 < k < logits.shape[-1]:
             logits, candidates = torch.topk(logits, k, dim=-1)
             candidates = candidates.cpu()
-        probs = torch.softmax(logits / self.sampling.temperature, dim=-1).cpu()
+        probs = torch.softmax(logits / self.sampling.temperature, dim=-1)
+        if self.sampling.top_p < 1:
+            probs = nucleus(probs, self.sampling.top_p)
+        probs = probs.cpu()
         picks = [
             int(torch.multinomial(row, 1, generator=generator))
             for row, generator in zip(probs, self.generators)
@@ -69,3 +75,13 @@ class TokenSampler:
     def __call__(self, logits: torch.Tensor) -> int:
         """The one sequence's next token; logits: (vocab_size,)."""
         return self.sample(logits[None])[0]
+
+
+def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """probs (sequences, n) with each row's smallest set of likeliest entries whose probabilities
+    sum to at least ``top_p`` kept and the rest zeroed (the likeliest is always kept); the rows
+    are not renormalized (``torch.multinomial`` takes weights)."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    before = sorted_probs.cumsum(dim=-1) - sorted_probs  # the mass of the likelier entries
+    sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)
+    return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
