@@ -34,6 +34,7 @@ PipelineSchedule = Literal[
 ]
 ReshardAfterForward = Literal["default", "always", "never"]
 FsdpAllGather = Literal["auto", "nccl", "copy_engines"]
+FsdpGradCopyIn = Literal["triton", "torch"]
 LogitsLoss = Literal["auto", "in_place", "standard"]
 AsyncMode = Literal["disabled", "async", "async_with_pinned_mem"]
 ExcludableState = Literal["optimizer", "lr_scheduler", "dataloader", "train_state"]

@@ -14,6 +14,7 @@ from torchtitan.config.base import (
     ExportDtype,
     Float8Recipe,
     FsdpAllGather,
+    FsdpGradCopyIn,
     LogitsLoss,
     MixedPrecisionDtype,
     ModelName,
@@ -228,6 +229,12 @@ class Parallelism(Section):
         "how FSDP gathers each block's weights on CUDA: nccl, or copy_engines (peer copies over"
         " torch symmetric memory within one node), which leaves every SM to the matmuls; auto:"
         " copy_engines for FSDP/HSDP without TP, CP or PP within one node, nccl otherwise",
+    )
+    fsdp_grad_copy_in: FsdpGradCopyIn = opt(
+        "triton",
+        "how FSDP lays a block's gradients out for its reduce-scatter on CUDA (cast to the reduce"
+        " dtype, rank by rank): triton (one kernel per gradient, 1.9x torch's on an H200) or"
+        " torch (FSDP's own chunk_cat); process-wide",
     )
     disable_loss_parallel: bool = opt(False, "with TP: gather the logits instead of loss parallel")
     enable_async_tensor_parallel: bool = opt(

@@ -46,6 +46,7 @@ from torchtitan.parallel.float8 import (
 )
 from torchtitan.parallel.float8_tp import scale_float8_by_shard, scales_tp_shards
 from torchtitan.parallel.fsdp import apply_fsdp
+from torchtitan.parallel.grad_copy_in import use_triton_grad_copy_in
 from torchtitan.parallel.tensor_parallel import apply_tp, enable_async_tp
 from torchtitan.parallel.vocab_parallel import VocabShardedHead
 
@@ -170,6 +171,8 @@ def parallelize_llama(model: nn.Module, dims: ParallelDims, cfg: JobConfig, devi
     if dims.data_parallel:
         on_gpu = device_type == "cuda"
         t = cfg.training
+        triton = use_triton_grad_copy_in(on_gpu and p.fsdp_grad_copy_in == "triton")
+        logger.info("FSDP gradient copy-in: %s", "Triton kernel" if triton else "FSDP's own")
         apply_fsdp(
             model,
             dims.fsdp_mesh,

@@ -1,0 +1,78 @@
+"""FSDP2's reduce-scatter copy-in through our Triton kernel (torchtitan/parallel/grad_copy_in.py):
+the same buffer, bit for bit, as FSDP's own ``foreach_reduce_scatter_copy_in`` (torch's
+``_chunk_cat``), for bf16 -> float32 (the training case), float32 and bf16 buffers, world sizes 1,
+2 and 4, and gradients of 1 to 3 dimensions; FSDP's own for what the kernel does not take; and
+the switch that routes FSDP to it and back. The kernel runs under Triton's CPU interpreter here;
+tests/gpu/test_grad_copy_in_on_gpu.py runs it on a GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.fsdp._fully_shard import _fsdp_collectives
+
+from torchtitan.parallel import grad_copy_in
+
+CHECK = """
+import torch
+from torchtitan.parallel.grad_copy_in import FSDP_COPY_IN, copy_in
+
+gen = torch.Generator().manual_seed(0)
+shapes = [(8, 6), (4, 6), (12,), (16, 3, 2)]
+for world in (1, 2, 4):
+    for grad_dtype, reduce_dtype in [
+        (torch.bfloat16, torch.float32),
+        (torch.float32, torch.float32),
+        (torch.bfloat16, torch.bfloat16),
+    ]:
+        grads = [torch.randn(s, generator=gen).to(grad_dtype) for s in shapes]
+        numel = sum(g.numel() for g in grads)
+        want = torch.full((numel,), float("nan"), dtype=reduce_dtype)
+        got = torch.full((numel,), float("nan"), dtype=reduce_dtype)
+        FSDP_COPY_IN(grads, want, world)
+        copy_in(grads, got, world)
+        assert torch.equal(got, want), (world, grad_dtype, reduce_dtype)
+print("copy-in ok")
+"""
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None or torch.cuda.is_available(),
+    reason="needs triton's CPU interpreter (on a GPU: tests/gpu/test_grad_copy_in_on_gpu.py)",
+)
+def test_the_kernel_lays_out_fsdps_buffer_under_the_interpreter():
+    root = Path(__file__).resolve().parents[2]
+    path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
+    run = subprocess.run(
+        [sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "copy-in ok" in run.stdout
+
+
+def test_what_the_kernel_does_not_take_goes_to_fsdps_copy_in():
+    """On CPU without the interpreter, and for a dim 0 FSDP pads (6 rows over 4 ranks): FSDP's
+    own function, which pads each chunk."""
+    grads = [torch.randn(6, 5), torch.randn(4, 5)]
+    assert not grad_copy_in.handled(grads, torch.empty(0, device="meta"), 4)
+    want, got = torch.zeros(8 * 5 + 4 * 5), torch.ones(8 * 5 + 4 * 5)
+    grad_copy_in.FSDP_COPY_IN(grads, want, 4)
+    grad_copy_in.copy_in(grads, got, 4)
+    assert torch.equal(got, want)
+
+
+def test_the_switch_routes_fsdp_to_the_kernel_and_back():
+    assert grad_copy_in.fsdp_copy_in_problem() is None  # this torch's private function as expected
+    try:
+        assert grad_copy_in.use_triton_grad_copy_in(True)
+        assert _fsdp_collectives.foreach_reduce_scatter_copy_in is grad_copy_in.copy_in
+    finally:
+        assert not grad_copy_in.use_triton_grad_copy_in(False)
+    assert _fsdp_collectives.foreach_reduce_scatter_copy_in is grad_copy_in.FSDP_COPY_IN

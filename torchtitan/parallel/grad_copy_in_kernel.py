@@ -1,0 +1,23 @@
+"""The Triton kernel of :mod:`torchtitan.parallel.grad_copy_in` (imported only where it runs)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _copy_chunks(src, dst, chunk, dst_stride, BLOCK: tl.constexpr):
+    """Chunk ``program_id(0)`` of src (contiguous chunks of ``chunk`` elements) into the row of
+    the same index of dst (rows ``dst_stride`` apart), cast to dst's dtype."""
+    rank = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < chunk
+    x = tl.load(src + rank * chunk + offs, mask=mask)
+    tl.store(dst + rank * dst_stride + offs, x.to(dst.dtype.element_ty), mask=mask)
+
+
+def copy_chunks(src: torch.Tensor, dst: torch.Tensor, chunk: int, dst_stride: int, block: int):
+    world_size = src.numel() // chunk
+    _copy_chunks[(world_size, triton.cdiv(chunk, block))](src, dst, chunk, dst_stride, BLOCK=block)
