@@ -4,6 +4,8 @@
 # selective AC (our rowwise backward, the column scales in the cast kernel, `auto`'s copy-engine
 # all-gather) and tensorwise without AC (our backward, its casts recomputed since call 85), each
 # against the reference in the same call.
+# Since commit f53c44c our runs also take the Triton gradient copy-in (--parallelism.fsdp_grad_copy_in
+# triton, the default; call117.sh measures it against FSDP's own on this layout).
 source scripts/bench/lib.sh
 card
 S=$ROW_8K

@@ -3,6 +3,8 @@
 # #14's 8B FSDP4 bf16 rows with the default all-gather (`auto`, which picks the copy engines for
 # this layout; measured so far only with --parallelism.fsdp_all_gather copy_engines): selective
 # AC and AC off, each against the reference in the same call.
+# Since commit f53c44c our runs also take the Triton gradient copy-in (--parallelism.fsdp_grad_copy_in
+# triton, the default; call117.sh measures it against FSDP's own on this layout).
 source scripts/bench/lib.sh
 card
 S=$ROW_8K
