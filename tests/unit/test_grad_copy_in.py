@@ -1,6 +1,7 @@
 """FSDP2's reduce-scatter copy-in through our Triton kernel (torchtitan/parallel/grad_copy_in.py):
 the same buffer, bit for bit, as FSDP's own ``foreach_reduce_scatter_copy_in`` (torch's
-``_chunk_cat``), for bf16 -> float32 (the training case), float32 and bf16 buffers, world sizes 1,
+``_chunk_cat``), for bf16 -> float32 (the training case), float32 -> float32, bf16 -> bf16 and
+float32 -> bf16 (a rounding cast, left to FSDP's own function), world sizes 1,
 2 and 4, and gradients of 1 to 3 dimensions; FSDP's own for what the kernel does not take; and
 the switch that routes FSDP to it and back. The kernel runs under Triton's CPU interpreter here;
 tests/gpu/test_grad_copy_in_on_gpu.py runs it on a GPU."""
@@ -30,6 +31,7 @@ for world in (1, 2, 4):
         (torch.bfloat16, torch.float32),
         (torch.float32, torch.float32),
         (torch.bfloat16, torch.bfloat16),
+        (torch.float32, torch.bfloat16),
     ]:
         grads = [torch.randn(s, generator=gen).to(grad_dtype) for s in shapes]
         numel = sum(g.numel() for g in grads)
@@ -66,6 +68,15 @@ def test_what_the_kernel_does_not_take_goes_to_fsdps_copy_in():
     grad_copy_in.FSDP_COPY_IN(grads, want, 4)
     grad_copy_in.copy_in(grads, got, 4)
     assert torch.equal(got, want)
+
+
+def test_only_exact_casts_go_to_the_kernel(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # what makes CPU tensors the kernel's
+    bf16, fp32 = torch.zeros(4, 2, dtype=torch.bfloat16), torch.zeros(4, 2)
+    assert grad_copy_in.handled([bf16], torch.empty(8), 4)  # widening: exact
+    assert grad_copy_in.handled([bf16], torch.empty(8, dtype=torch.bfloat16), 4)
+    assert not grad_copy_in.handled([fp32], torch.empty(8, dtype=torch.bfloat16), 4)  # rounds
+    assert not grad_copy_in.handled([bf16, torch.zeros(6, 2)], torch.empty(20), 4)  # padded
 
 
 def test_the_switch_routes_fsdp_to_the_kernel_and_back():

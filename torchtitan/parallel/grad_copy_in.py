@@ -11,8 +11,8 @@ reduce_scatter_copy_in.py, call 114). Same bytes (tests/unit/test_grad_copy_in.p
 
 ``use_triton_grad_copy_in(True)`` replaces FSDP2's function by :func:`copy_in`, for every FSDP
 module of the process (``--parallelism.fsdp_grad_copy_in``); gradients it does not handle (not
-on a GPU, not contiguous, dim 0 not a multiple of the world size, which FSDP pads) go to FSDP's
-own function.
+on a GPU, not contiguous, dim 0 not a multiple of the world size, which FSDP pads, or a cast that
+rounds, e.g. float32 gradients into a bf16 buffer) go to FSDP's own function.
 """
 
 from __future__ import annotations
@@ -57,9 +57,16 @@ def use_triton_grad_copy_in(enable: bool) -> bool:
 
 
 def handled(grads: list[torch.Tensor], out: torch.Tensor, world_size: int) -> bool:
-    on_gpu = out.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"  # the CPU tests
+    """Whether :func:`copy_in` lays these out itself: on a GPU (or under Triton's interpreter,
+    the CPU tests), contiguous, dim 0 a multiple of the world size, and a cast that is exact
+    (to the same dtype or to float32), so no rounding of ours can differ from torch's."""
+    on_gpu = out.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
     return on_gpu and all(
-        g.is_contiguous() and g.numel() > 0 and g.shape[0] % world_size == 0 for g in grads
+        g.is_contiguous()
+        and g.numel() > 0
+        and g.shape[0] % world_size == 0
+        and out.dtype in (g.dtype, torch.float32)
+        for g in grads
     )
 
 
