@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Call 118 (one H200): the GPU tests of this session's code once more on the final tree: the
 # gradient copy-in (after the exact-casts rule) and generation (batches, top-p on the CPU path).
+# Result: 10 passed (copy-in: the same losses both ways; generation: graph vs eager 1.94 % one
+# sequence, 2.11 % and 90/93 argmax over three).
 source scripts/bench/lib.sh
 card
 T=150 fits 150 gpu_test copy_in 0 tests/gpu/test_grad_copy_in_on_gpu.py
