@@ -30,8 +30,8 @@ def block_numels(flavor: str) -> list[int]:
 
 @triton.jit
 def _copy_rows(src, dst, n, src_stride, dst_stride, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    row = tl.program_id(1).to(tl.int64)
     mask = offs < n
     x = tl.load(src + row * src_stride + offs, mask=mask)
     tl.store(dst + row * dst_stride + offs, x, mask=mask)
@@ -44,7 +44,7 @@ def torch_copy_out(gathered: torch.Tensor, outs: list[torch.Tensor], sizes: list
 def triton_copy_out(gathered, outs, sizes, block: int = 1024) -> None:
     offset = 0
     for out, n in zip(outs, sizes):
-        grid = (gathered.shape[0], triton.cdiv(n, block))
+        grid = (triton.cdiv(n, block), gathered.shape[0])  # the long one first (2^31 - 1)
         _copy_rows[grid](gathered[:, offset:], out, n, gathered.stride(0), n, BLOCK=block)
         offset += n
 

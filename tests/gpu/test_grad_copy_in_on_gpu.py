@@ -1,7 +1,7 @@
 """FSDP2's gradient copy-in through our Triton kernel on a GPU (parallel/grad_copy_in.py): the same
-buffer, bit for bit, as FSDP's own for an 8B block's gradients at world sizes 1, 2, 4
-and 8; and three FSDP2 training steps of the debug model on a one-rank NCCL group give the same
-losses and weights, bit for bit, with either copy-in."""
+buffer, bit for bit, as FSDP's own for an 8B block's gradients at world sizes 1, 2, 4 and 8 and
+for the output head's at 1, 2 and 4; and three FSDP2 training steps of the debug model on a
+one-rank NCCL group give the same losses and weights, bit for bit, with either copy-in."""
 
 from __future__ import annotations
 
@@ -35,6 +35,18 @@ def test_the_kernel_lays_out_an_8b_blocks_gradients_as_fsdp_does(world):
     got = torch.full((numel,), float("nan"), device="cuda")
     FSDP_COPY_IN(grads, want, world)
     copy_in(grads, got, world)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_the_kernel_takes_the_output_heads_gradient(world):
+    """Llama 3's head, 128,256 x 4,096: 525 M gradients, 128,256 programs of 1,024 per rank at
+    world 4, more than a grid's second dimension holds (65,535)."""
+    grad = torch.randn(128256, 4096, device="cuda", dtype=torch.bfloat16)
+    want = torch.full((grad.numel(),), float("nan"), device="cuda")
+    got = torch.full((grad.numel(),), float("nan"), device="cuda")
+    FSDP_COPY_IN([grad], want, world)
+    copy_in([grad], got, world)
     assert torch.equal(got, want)
 
 

@@ -9,15 +9,18 @@ import triton.language as tl
 
 @triton.jit
 def _copy_chunks(src, dst, chunk, dst_stride, BLOCK: tl.constexpr):
-    """Chunk ``program_id(0)`` of src (contiguous chunks of ``chunk`` elements) into the row of
-    the same index of dst (rows ``dst_stride`` apart), cast to dst's dtype."""
-    rank = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    """Elements ``program_id(0) * BLOCK ...`` of chunk ``program_id(1)`` of src (contiguous
+    chunks of ``chunk`` elements) into the row of the same index of dst (rows ``dst_stride``
+    apart), cast to dst's dtype."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    rank = tl.program_id(1).to(tl.int64)
     mask = offs < chunk
     x = tl.load(src + rank * chunk + offs, mask=mask)
     tl.store(dst + rank * dst_stride + offs, x.to(dst.dtype.element_ty), mask=mask)
 
 
 def copy_chunks(src: torch.Tensor, dst: torch.Tensor, chunk: int, dst_stride: int, block: int):
-    world_size = src.numel() // chunk
-    _copy_chunks[(world_size, triton.cdiv(chunk, block))](src, dst, chunk, dst_stride, BLOCK=block)
+    # The blocks along the grid's first dimension (up to 2^31 - 1 programs): the second and third
+    # take at most 65,535, fewer than an 8B output head's 525 M gradients need per rank.
+    grid = (triton.cdiv(chunk, block), src.numel() // chunk)
+    _copy_chunks[grid](src, dst, chunk, dst_stride, BLOCK=block)
