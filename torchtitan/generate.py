@@ -29,9 +29,9 @@ from torchtitan.checkpoint import CheckpointError
 from torchtitan.config import ConfigError, JobConfig, parse_args
 from torchtitan.config.parse import take_flags
 from torchtitan.data.tokenizer import Tokenizer
-from torchtitan.inference.generation import generate_batch, generate_tokens
+from torchtitan.inference.generation import PROMPT_PASS_TOKENS, generate_batch, generate_tokens
 from torchtitan.inference.prompts import read_prompts
-from torchtitan.inference.sampling import Sampling, TokenSampler
+from torchtitan.inference.sampling import Sampling, TokenSampler, sequence_seed
 from torchtitan.inference.weights import WeightsSource, load_model, locate_weights, model_args_for
 from torchtitan.models.llama3 import ModelArgs, Transformer
 
@@ -41,7 +41,7 @@ FLAGS = {  # name: (type, help); the defaults are GenerateOptions'
         str,
         'prompts, one per line (blank lines skipped), or .jsonl: {"prompt": ...}',
     ),
-    "num_samples": (int, "continuations of each prompt, sequence i sampled with seed --seed + i"),
+    "num_samples": (int, "continuations of each prompt, each from its own seed (see --output)"),
     "batch_size": (int, "sequences decoded together, at most"),
     "output": (str, "also write every continuation as a JSON line to this new file"),
     "max_new_tokens": (int, "stop after this many new tokens (or at the tokenizer's EOS)"),
@@ -208,20 +208,25 @@ def prepare(options: GenerateOptions, rest: list[str]) -> GenerationJob:
 
 
 def check_memory(job: GenerationJob) -> None:
-    """On a GPU: the weights and the largest batch's KV cache must fit the free memory."""
+    """On a GPU: the weights, the largest batch's KV cache and the prompts' pass (one group of
+    PROMPT_PASS_TOKENS: its staged keys and values and its feed-forward activations) must fit
+    the free memory. An estimate; running out later is one line too (``main``)."""
     if job.device.type != "cuda":
         return
+    a = job.args
     batch = min(job.options.batch_size, job.sequences)
     positions = max(map(len, job.prompt_ids)) + job.options.max_new_tokens
-    per_position = 2 * job.args.n_layers * job.args.kv_heads * job.args.head_dim * 2  # K, V bf16
-    cache, weights = batch * positions * per_position, job.args.num_params() * 2
+    per_position = 2 * a.n_layers * a.kv_heads * a.head_dim * 2  # K and V, bf16
+    activations = (3 * a.ffn_hidden_dim + 4 * a.dim) * 2
+    cache, weights = batch * positions * per_position, a.num_params() * 2
+    prompts_pass = PROMPT_PASS_TOKENS * (per_position + activations)
     free, _ = torch.cuda.mem_get_info(job.device)
-    if weights + cache > free:
+    if weights + cache + prompts_pass > free:
         raise ConfigError(
-            f"{job.args.num_params() / 1e9:.1f}B bf16 weights ({weights / 2**30:.1f} GiB) and a KV "
-            f"cache of {batch} sequences x {positions} positions ({cache / 2**30:.1f} GiB) do not "
-            f"fit the {free / 2**30:.1f} GiB free on {job.device}; lower --batch_size or "
-            "--max_new_tokens"
+            f"{a.num_params() / 1e9:.1f}B bf16 weights ({weights / 2**30:.1f} GiB), a KV cache of "
+            f"{batch} sequences x {positions} positions ({cache / 2**30:.1f} GiB) and the prompts' "
+            f"pass ({prompts_pass / 2**30:.1f} GiB) do not fit the {free / 2**30:.1f} GiB free on "
+            f"{job.device}; lower --batch_size or --max_new_tokens"
         )
 
 
@@ -314,7 +319,7 @@ class ResultsFile:
         record = {
             "prompt_index": prompt,
             "sample": sample,
-            "seed": job.options.sampling.seed + sequence,
+            "seed": sequence_seed(job.options.sampling.seed, sequence),
             "prompt": job.prompts[prompt],
             "completion": job.tokenizer.decode([i for i in ids if i != eos_id]),
             "token_ids": ids,
@@ -415,6 +420,19 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         run(job, out or sys.stdout)
     except CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except FileExistsError:
+        print(
+            f"error: --output {options.output} appeared while the model loaded; nothing was "
+            "overwritten",
+            file=sys.stderr,
+        )
+        return 2
+    except torch.OutOfMemoryError:
+        print(
+            "error: out of GPU memory while generating; lower --batch_size or --max_new_tokens",
+            file=sys.stderr,
+        )
         return 1
     except KeyboardInterrupt:
         print(file=out or sys.stdout)

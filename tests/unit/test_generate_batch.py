@@ -18,10 +18,11 @@ import torch
 from tests.unit.test_generate import CACHE_ATOL, exported, greedy, small_model  # noqa: F401
 from torchtitan import generate
 from torchtitan.config import ConfigError
+from torchtitan.inference import generation
 from torchtitan.inference.generation import generate_batch, generate_tokens
 from torchtitan.inference.graphed_decode import decode_step
 from torchtitan.inference.prompts import read_prompts
-from torchtitan.inference.sampling import Sampling, TokenSampler
+from torchtitan.inference.sampling import Sampling, TokenSampler, sequence_seed
 from torchtitan.models.llama3.kv_cache import KVCache
 
 PROMPTS = [[1, 7, 9, 4, 2, 8], [1, 5], [1, 7, 9, 4, 2, 8], [1, 3, 3, 6]]  # lengths 6, 2, 6, 4
@@ -69,9 +70,22 @@ def test_a_batch_decodes_each_prompt_as_it_would_alone(prompts):
     assert len({tuple(a) for a in alone}) == len({tuple(p) for p in prompts})
 
 
+def test_the_prompts_pass_goes_in_groups_of_bounded_tokens(monkeypatch):
+    """With 8 padded tokens per forward, prompts of 6, 2, 6 (the first again) and 4 tokens go
+    through as [6] and [2, 4] (the repeat shares the first's pass), and decode as alone."""
+    monkeypatch.setattr(generation, "PROMPT_PASS_TOKENS", 8)
+    model = small_model()
+    alone = [list(generate_tokens(model, p, 6, greedy())) for p in PROMPTS]
+    calls = []
+    model.register_forward_hook(lambda m, args, out: calls.append(tuple(args[0].shape)))
+    steps = list(generate_batch(model, PROMPTS, 6, TokenSampler(Sampling(0.0), sequences=4)))
+    assert calls[:2] == [(1, 6), (2, 4)] and all(c[1] == 1 for c in calls[2:])
+    assert [list(seq) for seq in zip(*steps)] == alone
+
+
 def test_samples_share_their_prompt_pass_and_keep_their_seeds():
-    """Sequence i of a batch samples as the same prompt alone with seed + i: the samples of one
-    prompt differ, and the batch does not change any of them."""
+    """Sequence i of a batch samples as the same prompt alone with ``sequence_seed(seed, i)``:
+    the samples of one prompt differ, and the batch does not change any of them."""
     model = small_model()
     sampling = Sampling(temperature=1.0, top_k=20, seed=5)
     prompts = [PROMPTS[0]] * 3 + [PROMPTS[1]]
@@ -81,7 +95,7 @@ def test_samples_share_their_prompt_pass_and_keep_their_seeds():
     assert calls == [(2, 6)]  # one pass over the two distinct prompts, right-padded
     batched = [list(seq) for seq in zip(*steps)]
     for i, prompt in enumerate(prompts):
-        single = Sampling(temperature=1.0, top_k=20, seed=5 + i)
+        single = Sampling(temperature=1.0, top_k=20, seed=sequence_seed(5, i))
         assert list(generate_tokens(model, prompt, 10, TokenSampler(single))) == batched[i], i
     assert len({tuple(seq) for seq in batched[:3]}) == 3
 
@@ -103,6 +117,15 @@ def test_a_batch_stops_when_every_sequence_has_ended():
     assert len(mixed) == max(free.index(eos) + 1, len(other))
 
 
+def test_sequence_seeds_do_not_repeat_across_nearby_seeds():
+    """The first sequence keeps --seed (one prompt alone samples as before); the others get
+    63-bit seeds that the runs of seeds 0-99 with 100 sequences each never share."""
+    assert sequence_seed(7, 0) == 7
+    seeds = [sequence_seed(s, i) for s in range(100) for i in range(1, 100)]
+    assert len(set(seeds)) == len(seeds) and not set(seeds) & set(range(100))
+    assert all(0 <= x < 2**63 for x in seeds)
+
+
 def test_a_sampler_refuses_logits_of_another_batch():
     with pytest.raises(ValueError, match="logits of 3 sequences for a sampler of 2"):
         TokenSampler(Sampling(), sequences=2).sample(torch.zeros(3, 10))
@@ -113,11 +136,12 @@ def test_a_sampler_refuses_logits_of_another_batch():
 
 def test_prompt_files_text_and_json_lines(tmp_path):
     text = tmp_path / "prompts.txt"
-    text.write_text("first prompt\n\n  \ndef f(x): \nlast", encoding="utf-8")
-    assert read_prompts(str(text)) == ["first prompt", "def f(x): ", "last"]
+    text.write_bytes("first prompt\r\n\n  \ndef f(x): \nform\ffeed\u2028sep\nlast".encode())
+    assert read_prompts(str(text)) == ["first prompt", "def f(x): ", "form\ffeed\u2028sep", "last"]
     lines = tmp_path / "prompts.jsonl"
-    lines.write_text('{"prompt": "two\\nlines", "id": 3}\n\n{"prompt": "café"}\n', encoding="utf-8")
-    assert read_prompts(str(lines)) == ["two\nlines", "café"]
+    record = '{"prompt": "two\\nlines", "id": 3}\n\n{"prompt": "café\u2028"}\n'
+    lines.write_text(record, encoding="utf-8")
+    assert read_prompts(str(lines)) == ["two\nlines", "café\u2028"]
 
 
 @pytest.mark.parametrize(
@@ -159,7 +183,7 @@ def test_cli_batches_samples_and_writes_json_lines(exported, tmp_path, capsys): 
     assert "6 sequences in 2 batches of up to 4: " in err
     records = [json.loads(line) for line in output.read_text().splitlines()]
     assert [(r["prompt_index"], r["sample"], r["seed"]) for r in records] == [
-        (p, s, 11 + 2 * p + s) for p in range(3) for s in range(2)
+        (p, s, sequence_seed(11, 2 * p + s)) for p in range(3) for s in range(2)
     ]
     text = out.getvalue()
     for r in records:
@@ -201,8 +225,9 @@ def test_cli_batch_mistakes_are_one_line(exported, tmp_path, capsys):  # noqa: F
 
 
 def test_a_batch_that_cannot_fit_the_gpu_is_refused_before_loading(monkeypatch):
-    """8B in bf16 (16 GB) plus a cache of 64 sequences x 8,192 positions (64 GiB) against 40 GiB
-    free: one line naming both sizes and what to lower; batch 4 (4 GiB) fits."""
+    """8B in bf16 (16 GB), a cache of 64 sequences x 8,192 positions (64 GiB) and the prompts'
+    pass against 40 GiB free: one line naming the sizes and what to lower; batch 4 (4 GiB)
+    fits."""
     from torchtitan.models.llama3 import get_model_args
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (40 * 2**30, 80 * 2**30))
@@ -213,8 +238,37 @@ def test_a_batch_that_cannot_fit_the_gpu_is_refused_before_loading(monkeypatch):
     with pytest.raises(ConfigError) as e:
         generate.check_memory(job)
     assert str(e.value) == (
-        "8.0B bf16 weights (15.0 GiB) and a KV cache of 64 sequences x 8192 positions (64.0 GiB) "
-        "do not fit the 40.0 GiB free on cuda; lower --batch_size or --max_new_tokens"
+        "8.0B bf16 weights (15.0 GiB), a KV cache of 64 sequences x 8192 positions (64.0 GiB) "
+        "and the prompts' pass (3.8 GiB) do not fit the 40.0 GiB free on cuda; lower "
+        "--batch_size or --max_new_tokens"
     )
     options.batch_size = 4
     generate.check_memory(job)
+
+
+@pytest.mark.parametrize(
+    "raised, status, start",
+    [
+        (torch.OutOfMemoryError("CUDA out of memory"), 1, "error: out of GPU memory while"),
+        (FileExistsError("out.jsonl"), 2, "error: --output out.jsonl appeared while the model"),
+    ],
+)
+def test_running_out_of_memory_or_a_new_output_file_is_one_line(
+    exported,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+    capsys,
+    raised,
+    status,
+    start,
+):
+    def failing_run(job, out):
+        raise raised
+
+    monkeypatch.setattr(generate, "run", failing_run)
+    ckpt = exported / "ckpt" / "step-0"  # the step itself: no note line before the error
+    argv = [f"--checkpoint.initial_load_path={ckpt}", "--output", "out.jsonl"]
+    monkeypatch.chdir(tmp_path)
+    assert generate.main(argv, out=io.StringIO()) == status
+    err = capsys.readouterr().err
+    assert err.startswith(start) and err.count("\n") == 1, err

@@ -77,6 +77,19 @@ def test_only_exact_casts_go_to_the_kernel(monkeypatch):
     assert grad_copy_in.handled([bf16], torch.empty(8, dtype=torch.bfloat16), 4)
     assert not grad_copy_in.handled([fp32], torch.empty(8, dtype=torch.bfloat16), 4)  # rounds
     assert not grad_copy_in.handled([bf16, torch.zeros(6, 2)], torch.empty(20), 4)  # padded
+    float64 = torch.zeros(4, 2, dtype=torch.float64)
+    assert not grad_copy_in.handled([float64], torch.empty(8), 4)  # narrows into float32
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+def test_the_grid_puts_the_long_dimension_first():
+    """The 8B head's 525 M gradients over 4 ranks: 128,256 blocks of 1,024 per rank, more than a
+    CUDA grid's second dimension takes (65,535); they go along the first."""
+    from torchtitan.parallel.grad_copy_in_kernel import grid
+
+    assert grid(128256 * 4096 // 4, 4, 1024) == (128256, 4)
+    with pytest.raises(ValueError, match="exceed a CUDA grid"):
+        grid(16, 70000, 1024)
 
 
 def test_the_switch_routes_fsdp_to_the_kernel_and_back():

@@ -18,6 +18,10 @@ from torchtitan.inference.sampling import TokenSampler
 from torchtitan.models.llama3 import Transformer
 from torchtitan.models.llama3.kv_cache import KVCache
 
+# Padded prompt tokens per forward of the prompts' pass: bounds its activations (8B: about 1.4 GiB
+# of feed-forward intermediates for 16,384 tokens in bf16) whatever the batch.
+PROMPT_PASS_TOKENS = 16384
+
 
 def model_dtype(model: Transformer) -> torch.dtype:
     return next(model.parameters()).dtype
@@ -30,30 +34,67 @@ def prompts_pass(
     and ``max_len`` positions, holding the prompts' keys and values, and the logits after each
     prompt (len(prompts), vocab_size). Samples of one prompt share its pass.
 
-    The head runs on the last position of each prompt only: over whole prompts it would write
-    prompt length x vocabulary logits (2 GiB in bf16 for 8,192 tokens of Llama 3's 128,256)."""
+    The distinct prompts go through in groups of at most ``PROMPT_PASS_TOKENS`` padded tokens
+    (a longer prompt alone), so the pass's activations stay bounded whatever the batch; each
+    group's keys and values are copied into the rows of its sequences. One group of distinct
+    prompts in order is passed straight into the cache (no copy, no second cache: one long
+    prompt's case). The head runs on the last position of each prompt only: over whole prompts
+    it would write prompt length x vocabulary logits (2 GiB in bf16 for 8,192 tokens of Llama 3's
+    128,256)."""
     if not all(prompts):
         raise ValueError("a prompt has no tokens (start it with BOS)")
-    device = model.rope_cache.device
+    device, dtype = model.rope_cache.device, model_dtype(model)
     distinct = list(dict.fromkeys(tuple(p) for p in prompts))
-    longest = max(len(p) for p in distinct)
-    padded = torch.zeros(len(distinct), longest, dtype=torch.long)
-    for row, prompt in enumerate(distinct):
+    groups = prompt_groups(distinct)
+    if len(groups) == 1 and len(distinct) == len(prompts):
+        cache = KVCache(model.args, len(prompts), max_len, device=device, dtype=dtype)
+        return cache, last_logits(model, distinct, cache)
+    cache = KVCache(model.args, len(prompts), max_len, device=device, dtype=dtype)
+    logits = None
+    for group in groups:
+        longest = max(map(len, group))
+        staged = KVCache(model.args, len(group), longest, device=device, dtype=dtype)
+        group_logits = last_logits(model, group, staged)
+        index = {prompt: row for row, prompt in enumerate(group)}
+        sequences = [i for i, p in enumerate(prompts) if tuple(p) in index]
+        rows = torch.tensor([index[tuple(prompts[i])] for i in sequences], device=device)
+        targets = torch.tensor(sequences, device=device)
+        cache.copy_rows(staged, rows, longest, targets)
+        if logits is None:
+            logits = group_logits.new_empty(len(prompts), group_logits.shape[-1])
+        logits.index_copy_(0, targets, group_logits.index_select(0, rows))
+    return cache, logits
+
+
+def prompt_groups(prompts: list[tuple[int, ...]]) -> list[list[tuple[int, ...]]]:
+    """Consecutive prompts in groups of at most PROMPT_PASS_TOKENS tokens once padded to the
+    group's longest (a prompt longer than that alone)."""
+    groups: list[list[tuple[int, ...]]] = []
+    for prompt in prompts:
+        if groups:
+            group = groups[-1]
+            if (len(group) + 1) * max(len(prompt), *map(len, group)) <= PROMPT_PASS_TOKENS:
+                group.append(prompt)
+                continue
+        groups.append([prompt])
+    return groups
+
+
+def last_logits(model: Transformer, prompts: list[tuple[int, ...]], cache: KVCache) -> torch.Tensor:
+    """One causal pass over ``prompts`` right-padded to the longest, their keys and values into
+    ``cache`` (one sequence each) -> the logits after each prompt's last token."""
+    device = model.rope_cache.device
+    padded = torch.zeros(len(prompts), max(map(len, prompts)), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
         padded[row, : len(prompt)] = torch.tensor(prompt)
-    cache = KVCache(model.args, len(distinct), max_len, device=device, dtype=model_dtype(model))
     model.defer_head = True
     try:
         hidden = model(padded.to(device), cache=cache, start_pos=0)  # normed, before the head
     finally:
         model.defer_head = False
-    last = torch.tensor([len(p) - 1 for p in distinct], device=device)
-    logits = model.output(hidden[torch.arange(len(distinct), device=device), last][:, None])[:, 0]
-    if len(distinct) == len(prompts):  # each prompt once, in order
-        return cache, logits
-    rows = torch.tensor([distinct.index(tuple(p)) for p in prompts], device=device)
-    expanded = KVCache(model.args, len(prompts), max_len, device=device, dtype=model_dtype(model))
-    expanded.copy_rows(cache, rows, longest)
-    return expanded, logits.index_select(0, rows)
+    last = torch.tensor([len(p) - 1 for p in prompts], device=device)
+    rows = torch.arange(len(prompts), device=device)
+    return model.output(hidden[rows, last][:, None])[:, 0]
 
 
 @torch.inference_mode()

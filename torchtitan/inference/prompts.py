@@ -16,7 +16,9 @@ def read_prompts(path: str) -> list[str]:
     if not file.is_file():
         raise ConfigError(f"--prompts_file {path}: no such file")
     try:
-        lines = file.read_text(encoding="utf-8").splitlines()
+        # "\n" only: str.splitlines also breaks at form feeds, U+2028 and others, which a
+        # prompt (or a JSON string written with ensure_ascii=False) may hold
+        lines = [line.removesuffix("\r") for line in file.read_text(encoding="utf-8").split("\n")]
     except UnicodeDecodeError as e:
         raise ConfigError(f"--prompts_file {path} is not UTF-8 text ({e.reason})") from None
     except OSError as e:

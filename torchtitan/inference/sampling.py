@@ -24,10 +24,23 @@ class Sampling:
             raise ValueError(f"--top_p must be in (0, 1] (1 = no limit); got {self.top_p}")
 
 
+def sequence_seed(seed: int, sequence: int) -> int:
+    """The generator seed of sequence ``sequence`` of a run with ``--seed seed``: the seed itself
+    for the first sequence (what one prompt alone uses), a mix of both for the others (SplitMix64's
+    finalizer), so the runs of nearby seeds do not share samples as ``seed + sequence`` would."""
+    if sequence == 0:
+        return seed
+    z = (seed + sequence * 0x9E3779B97F4A7C15) & (2**64 - 1)
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & (2**64 - 1)
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & (2**64 - 1)
+    return (z ^ (z >> 31)) >> 1  # 63 bits: torch.Generator.manual_seed takes them
+
+
 class TokenSampler:
     """Picks the next token of each of ``sequences`` sequences. Sequence i draws from a CPU
-    generator seeded once with ``seed + first_sequence + i``, so its tokens depend on its seed
-    and its logits only, not on the batch it is decoded in or on the other sequences. With
+    generator seeded once with ``sequence_seed(seed, first_sequence + i)``, so its tokens depend
+    on its seed and its logits only, not on the batch it is decoded in or on the other sequences.
+    With
     ``vocab_size`` (the tokenizer's), ids at and past it are never picked: a model may have more
     outputs than its tokenizer has tokens, and the tokenizer cannot decode those."""
 
@@ -41,7 +54,8 @@ class TokenSampler:
         sampling.validate()
         self.sampling = sampling
         self.vocab_size = vocab_size
-        seeds = range(sampling.seed + first_sequence, sampling.seed + first_sequence + sequences)
+        sequence_ids = range(first_sequence, first_sequence + sequences)
+        seeds = [sequence_seed(sampling.seed, i) for i in sequence_ids]
         self.generators = [torch.Generator().manual_seed(seed) for seed in seeds]
 
     def sample(self, logits: torch.Tensor) -> list[int]:

@@ -17,6 +17,7 @@ rounds, e.g. float32 gradients into a bf16 buffer) go to FSDP's own function.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import logging
 import os
@@ -33,10 +34,14 @@ logger = logging.getLogger("torchtitan")
 FSDP_COPY_IN = getattr(_fsdp_collectives, "foreach_reduce_scatter_copy_in", None)
 EXPECTED_PARAMETERS = ["unsharded_grads", "reduce_scatter_input", "world_size"]
 BLOCK = 1024  # elements per program: the fastest of 1,024, 4,096 and 16,384 in call 114
+WIDENS_EXACTLY = (torch.bfloat16, torch.float16)  # into float32: every value kept
+_FALLBACK_NOTED = False
 
 
 def fsdp_copy_in_problem() -> str | None:
     """Why FSDP's copy-in cannot be replaced in this torch, or None."""
+    if importlib.util.find_spec("triton") is None:
+        return "Triton is not installed"
     if FSDP_COPY_IN is None:
         return f"torch {torch.__version__}'s FSDP has no foreach_reduce_scatter_copy_in"
     if list(inspect.signature(FSDP_COPY_IN).parameters) != EXPECTED_PARAMETERS:
@@ -65,8 +70,25 @@ def handled(grads: list[torch.Tensor], out: torch.Tensor, world_size: int) -> bo
         g.is_contiguous()
         and g.numel() > 0
         and g.shape[0] % world_size == 0
-        and out.dtype in (g.dtype, torch.float32)
+        and (out.dtype == g.dtype or (out.dtype == torch.float32 and g.dtype in WIDENS_EXACTLY))
         for g in grads
+    )
+
+
+def _note_fallback(grads: list[torch.Tensor], out: torch.Tensor, world_size: int) -> None:
+    """Log once per process that a group went to FSDP's copy-in, and why (the trainer's log
+    says the Triton kernel is on)."""
+    global _FALLBACK_NOTED
+    if _FALLBACK_NOTED or not out.is_cuda:
+        return
+    _FALLBACK_NOTED = True
+    shapes = ", ".join(f"{tuple(g.shape)} {str(g.dtype).split('.')[-1]}" for g in grads[:4])
+    logger.info(
+        "FSDP gradient copy-in: FSDP's own for gradients the kernel does not take (dim 0 not a "
+        "multiple of %d ranks, a rounding cast into %s, or not contiguous), e.g. %s",
+        world_size,
+        str(out.dtype).split(".")[-1],
+        shapes,
     )
 
 
@@ -75,6 +97,7 @@ def copy_in(grads: list[torch.Tensor], out: torch.Tensor, world_size: int) -> No
     world_size)``: ``out`` (flat, the reduce dtype) gets rank r's chunk of every gradient in
     its r-th part."""
     if not handled(grads, out, world_size):
+        _note_fallback(grads, out, world_size)
         FSDP_COPY_IN(grads, out, world_size)
         return
     from torchtitan.parallel.grad_copy_in_kernel import copy_chunks

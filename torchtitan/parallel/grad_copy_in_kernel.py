@@ -19,8 +19,14 @@ def _copy_chunks(src, dst, chunk, dst_stride, BLOCK: tl.constexpr):
     tl.store(dst + rank * dst_stride + offs, x.to(dst.dtype.element_ty), mask=mask)
 
 
+def grid(chunk: int, chunks: int, block: int) -> tuple[int, int]:
+    """The blocks along the grid's first dimension (up to 2^31 - 1 programs): the second and
+    third take at most 65,535, fewer than an 8B output head's 525 M gradients need per rank."""
+    blocks = triton.cdiv(chunk, block)
+    if blocks >= 2**31 or chunks > 65535:
+        raise ValueError(f"{chunks} chunks of {chunk} elements exceed a CUDA grid")
+    return blocks, chunks
+
+
 def copy_chunks(src: torch.Tensor, dst: torch.Tensor, chunk: int, dst_stride: int, block: int):
-    # The blocks along the grid's first dimension (up to 2^31 - 1 programs): the second and third
-    # take at most 65,535, fewer than an 8B output head's 525 M gradients need per rank.
-    grid = (triton.cdiv(chunk, block), src.numel() // chunk)
-    _copy_chunks[grid](src, dst, chunk, dst_stride, BLOCK=block)
+    _copy_chunks[grid(chunk, src.numel() // chunk, block)](src, dst, chunk, dst_stride, BLOCK=block)

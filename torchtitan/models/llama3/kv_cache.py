@@ -62,13 +62,17 @@ class KVCache:
             for i in range(args.n_layers)
         }
 
-    def copy_rows(self, source: KVCache, rows: torch.Tensor, length: int) -> None:
-        """Fill positions 0..length-1 of every sequence from ``source``: sequence i gets
-        source's sequence ``rows[i]`` (several may share one, e.g. samples of one prompt)."""
+    def copy_rows(
+        self, source: KVCache, rows: torch.Tensor, length: int, targets: torch.Tensor
+    ) -> None:
+        """Positions 0..length-1 of sequence ``targets[i]`` from ``source``'s sequence
+        ``rows[i]`` (several targets may share one row, e.g. samples of one prompt)."""
         for name, layer in self.layers.items():
             src = source.layers[name]
-            layer.keys[:, :, :length] = src.keys[:, :, :length].index_select(0, rows)
-            layer.values[:, :, :length] = src.values[:, :, :length].index_select(0, rows)
+            for mine, theirs in ((layer.keys, src.keys), (layer.values, src.values)):
+                mine[:, :, :length].index_copy_(
+                    0, targets, theirs[:, :, :length].index_select(0, rows)
+                )
 
     def check_fits(self, start_pos: int, seqlen: int) -> None:
         if start_pos < 0 or start_pos + seqlen > self.max_len:
