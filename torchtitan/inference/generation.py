@@ -1,5 +1,5 @@
-"""Token-by-token generation with a KV cache, for one sequence or a batch: the prompts in one
-pass, then one token per sequence per step, replayed as a CUDA graph on a GPU.
+"""Token-by-token generation with a KV cache, for one sequence or a batch: the prompts' pass,
+then one token per sequence per step, replayed as a CUDA graph on a GPU.
 
 The sequences of a batch start at position 0 and decode in lockstep, each at its own position
 (its prompt's length plus the tokens so far). The prompts' pass right-pads them to the longest:

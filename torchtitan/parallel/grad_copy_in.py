@@ -64,7 +64,8 @@ def use_triton_grad_copy_in(enable: bool) -> bool:
 def handled(grads: list[torch.Tensor], out: torch.Tensor, world_size: int) -> bool:
     """Whether :func:`copy_in` lays these out itself: on a GPU (or under Triton's interpreter,
     the CPU tests), contiguous, dim 0 a multiple of the world size, and a cast that is exact
-    (to the same dtype or to float32), so no rounding of ours can differ from torch's."""
+    (to the same dtype, or bf16/fp16 to float32), so no rounding of ours can differ from
+    torch's."""
     on_gpu = out.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
     return on_gpu and all(
         g.is_contiguous()
