@@ -7,17 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import os
-import subprocess
-import sys
 import unittest.mock
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn as nn
 
 from tests.unit.test_float8_backward import saved_for_backward
+from tests.unit.triton_interpreter import run_under_interpreter
 from torchtitan.config import Float8
 from torchtitan.models.llama3 import Transformer, get_model_args
 from torchtitan.models.llama3 import model as llama
@@ -84,18 +81,7 @@ def test_the_cast_kernel_computes_torchaos_scales_under_the_interpreter():
     """The column amax kernel and the scales the cast kernel computes from it, under Triton's
     interpreter. Without the power-of-2 rounding (its libdevice functions do not run there) and
     without the bits (the interpreter rounds float8 otherwise): the GPU test checks both."""
-    root = Path(__file__).resolve().parents[2]
-    path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    run = subprocess.run(
-        [sys.executable, "-c", KERNEL_SCALES_CHECK],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "scales ok" in run.stdout
+    assert "scales ok" in run_under_interpreter(KERNEL_SCALES_CHECK)
 
 
 def test_the_operator_passes_torchs_checks():

@@ -9,15 +9,12 @@ tests/gpu/test_grad_copy_in_on_gpu.py runs it on a GPU."""
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from torch.distributed.fsdp._fully_shard import _fsdp_collectives
 
+from tests.unit.triton_interpreter import run_under_interpreter
 from torchtitan.parallel import grad_copy_in
 
 CHECK = """
@@ -49,14 +46,7 @@ print("copy-in ok")
     reason="needs triton's CPU interpreter (on a GPU: tests/gpu/test_grad_copy_in_on_gpu.py)",
 )
 def test_the_kernel_lays_out_fsdps_buffer_under_the_interpreter():
-    root = Path(__file__).resolve().parents[2]
-    path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    run = subprocess.run(
-        [sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "copy-in ok" in run.stdout
+    assert "copy-in ok" in run_under_interpreter(CHECK)
 
 
 def test_what_the_kernel_does_not_take_goes_to_fsdps_copy_in():

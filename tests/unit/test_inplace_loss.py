@@ -4,15 +4,12 @@ kernels themselves run here under Triton's CPU interpreter when triton is instal
 triton-interpreter extra, CPU machines), and on a GPU in tests/gpu/test_inplace_loss_on_gpu.py."""
 
 import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.unit.triton_interpreter import run_under_interpreter
 from torchtitan.config import ConfigError, parse_args
 from torchtitan.inplace_loss import (
     IGNORE_INDEX,
@@ -22,8 +19,6 @@ from torchtitan.inplace_loss import (
 )
 from torchtitan.models.llama3.args import model_args_for_job
 from torchtitan.preflight import check_parallelism
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def head_and_labels(dtype, tokens=(3, 700), dim=16, vocab=1000, seed=0):
@@ -182,13 +177,7 @@ print("kernels ok")
     "interpreter of the Triton that CUDA torch pins may not run under this numpy",
 )
 def test_the_triton_kernels_under_the_interpreter():
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    run = subprocess.run(
-        [sys.executable, "-c", KERNEL_CHECK], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "kernels ok" in run.stdout
+    assert "kernels ok" in run_under_interpreter(KERNEL_CHECK)
 
 
 def test_preflight_takes_in_place_under_loss_parallel():
