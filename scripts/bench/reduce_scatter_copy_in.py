@@ -22,7 +22,7 @@ import torch.distributed.fsdp._fully_shard._fsdp_collectives  # noqa: F401  (tor
 from cuda_timing import median_ms
 
 from torchtitan.models.llama3 import get_model_args
-from torchtitan.parallel.grad_copy_in_kernel import copy_chunks
+from torchtitan.parallel.grad_copy_in import lay_out
 
 
 def block_grads(flavor: str, dtype: torch.dtype) -> list[torch.Tensor]:
@@ -56,16 +56,6 @@ def strided_copies(grads: list[torch.Tensor], out: torch.Tensor, world: int) -> 
         offset += per_rank
 
 
-def triton_copies(grads: list[torch.Tensor], out: torch.Tensor, world: int, block: int = 1024):
-    """torchtitan.parallel.grad_copy_in.copy_in with ``block`` elements per program."""
-    parts = out.view(world, -1)
-    offset = 0
-    for g in grads:
-        chunk = g.numel() // world
-        copy_chunks(g, parts[:, offset:], chunk, parts.stride(0), block)
-        offset += chunk
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--flavor", default="8B")
@@ -80,7 +70,7 @@ def main() -> None:
     strided_copies(grads, check, a.world)
     same = torch.equal(out, check)
     check.zero_()
-    triton_copies(grads, check, a.world)
+    lay_out(grads, check, a.world)
     print(
         f"{torch.cuda.get_device_name()}; {a.flavor} block, world {a.world}: {numel / 1e6:.1f} M "
         f"gradients; the same buffer all three ways: {same and torch.equal(out, check)}"
@@ -88,9 +78,7 @@ def main() -> None:
     moved = numel * (2 + 4)  # bf16 read, float32 written
     variants = [("chunk_cat", chunk_cat), ("strided copies", strided_copies)]
     variants.append(("contiguous cast", lambda g, o, w: torch.cat([x.flatten() for x in g], out=o)))
-    variants += [
-        (f"triton {b}", functools.partial(triton_copies, block=b)) for b in (1024, 4096, 16384)
-    ]
+    variants += [(f"triton {b}", functools.partial(lay_out, block=b)) for b in (1024, 4096, 16384)]
     for name, fn in variants:
         ms = median_ms(functools.partial(fn, grads, out, a.world), a.iters, warmup=5, queued=True)
         print(f"{name:<16} {ms:.3f} ms  {moved / ms / 1e9:.2f} TB/s")

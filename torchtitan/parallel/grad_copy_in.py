@@ -101,11 +101,17 @@ def copy_in(grads: list[torch.Tensor], out: torch.Tensor, world_size: int) -> No
         _note_fallback(grads, out, world_size)
         FSDP_COPY_IN(grads, out, world_size)
         return
+    lay_out(grads, out, world_size)
+
+
+def lay_out(grads: list[torch.Tensor], out: torch.Tensor, world_size: int, block: int = BLOCK):
+    """The kernel's part of :func:`copy_in`, for gradients it handles; ``block`` elements per
+    program (scripts/bench/reduce_scatter_copy_in.py tries others)."""
     from torchtitan.parallel.grad_copy_in_kernel import copy_chunks
 
     parts = out.view(world_size, -1)
     offset = 0
     for grad in grads:
         chunk = grad.numel() // world_size
-        copy_chunks(grad, parts[:, offset:], chunk, parts.stride(0), BLOCK)
+        copy_chunks(grad, parts[:, offset:], chunk, parts.stride(0), block)
         offset += chunk
