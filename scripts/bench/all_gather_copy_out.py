@@ -16,7 +16,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
-from cuda_timing import median_ms
+from cuda_timing import print_bandwidths
 
 from torchtitan.models.llama3 import get_model_args
 
@@ -70,9 +70,7 @@ def main() -> None:
     moved = numel * 4  # bf16 read and written
     variants = [("split_with_sizes_copy", torch_copy_out)]
     variants += [(f"triton {b}", functools.partial(triton_copy_out, block=b)) for b in (1024, 4096)]
-    for name, fn in variants:
-        ms = median_ms(functools.partial(fn, gathered, outs, sizes), a.iters, warmup=5, queued=True)
-        print(f"{name:<22} {ms:.3f} ms  {moved / ms / 1e9:.2f} TB/s")
+    print_bandwidths(variants, (gathered, outs, sizes), moved, a.iters)
 
 
 if __name__ == "__main__":

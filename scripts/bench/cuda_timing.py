@@ -3,7 +3,9 @@ memory probe (the peak a call allocates above what was allocated before it)."""
 
 from __future__ import annotations
 
+import functools
 import statistics
+from collections.abc import Callable
 
 import torch
 
@@ -35,3 +37,12 @@ def peak_gib(fn) -> float:
     fn()
     torch.cuda.synchronize()
     return (torch.cuda.max_memory_allocated() - base) / 2**30
+
+
+def print_bandwidths(variants: list[tuple[str, Callable]], args: tuple, moved: int, iters: int):
+    """For each (name, fn): the median kernel time of ``fn(*args)`` (queued, after 5 warm-up
+    calls) and the bandwidth ``moved`` bytes per call would need at it."""
+    width = max(len(name) for name, _ in variants)
+    for name, fn in variants:
+        ms = median_ms(functools.partial(fn, *args), iters, warmup=5, queued=True)
+        print(f"{name:<{width}} {ms:.3f} ms  {moved / ms / 1e9:.2f} TB/s")

@@ -19,7 +19,7 @@ import functools
 
 import torch
 import torch.distributed.fsdp._fully_shard._fsdp_collectives  # noqa: F401  (torch.ops.fsdp.chunk_cat)
-from cuda_timing import median_ms
+from cuda_timing import print_bandwidths
 
 from torchtitan.models.llama3 import get_model_args
 from torchtitan.parallel.grad_copy_in import lay_out
@@ -79,9 +79,7 @@ def main() -> None:
     variants = [("chunk_cat", chunk_cat), ("strided copies", strided_copies)]
     variants.append(("contiguous cast", lambda g, o, w: torch.cat([x.flatten() for x in g], out=o)))
     variants += [(f"triton {b}", functools.partial(lay_out, block=b)) for b in (1024, 4096, 16384)]
-    for name, fn in variants:
-        ms = median_ms(functools.partial(fn, grads, out, a.world), a.iters, warmup=5, queued=True)
-        print(f"{name:<16} {ms:.3f} ms  {moved / ms / 1e9:.2f} TB/s")
+    print_bandwidths(variants, (grads, out, a.world), moved, a.iters)
 
 
 if __name__ == "__main__":
