@@ -46,10 +46,9 @@ def prompts_pass(
     device, dtype = model.rope_cache.device, model_dtype(model)
     distinct = list(dict.fromkeys(tuple(p) for p in prompts))
     groups = prompt_groups(distinct)
-    if len(groups) == 1 and len(distinct) == len(prompts):
-        cache = KVCache(model.args, len(prompts), max_len, device=device, dtype=dtype)
-        return cache, last_logits(model, distinct, cache)
     cache = KVCache(model.args, len(prompts), max_len, device=device, dtype=dtype)
+    if len(groups) == 1 and len(distinct) == len(prompts):
+        return cache, last_logits(model, distinct, cache)
     logits = None
     for group in groups:
         longest = max(map(len, group))
