@@ -3,7 +3,7 @@
     python scripts/bench/block_step.py [--impl ours|ref] [--rope pairs|swap|complex] [--float8]
         [--recipe tensorwise|rowwise|rowwise_with_gw_hp] [--torchao-backward | --tiled-cast FQN ...]
         [--torchao-input-cast] [--keep-float8-casts] [--eager-column-scales]
-        [--residual float32|bfloat16] [--fuse]
+        [--residual float32|bfloat16] [--fuse] [--unfused-swiglu]
         [--ac none|selective|full] [--params float32|bfloat16] [--inductor KEY=VALUE ...]
         [--flavor 1B] [--batch 4] [--seq 8192] [--iters 20] [--top 20]
 
@@ -13,7 +13,8 @@ needs its gradient, in the residual stream's dtype (float32: the embedding's out
 as the model passed it before docs/performance.md finding 23; bfloat16, the default: what it passes
 since); the block compiled alone with ``fullgraph=True`` (the trainer compiles each block so);
 optionally every linear converted to tensorwise float8 (ours: as the trainer converts them, with
-our backward unless ``--torchao-backward``; ``--tiled-cast`` replaces ``--float8.tiled_cast_fqns``;
+our backward unless ``--torchao-backward``, its feed-forward one fused function unless
+``--unfused-swiglu``; ``--tiled-cast`` replaces ``--float8.tiled_cast_fqns``;
 rowwise: the inputs' column-wise cast ours unless ``--torchao-input-cast``; our casts recomputed
 in the backward unless ``--keep-float8-casts``; the column-wise casts' scales computed in their
 cast kernel unless ``--eager-column-scales`` (torchao's amax_to_scale in eager kernels, as before
@@ -166,6 +167,10 @@ def build(args):
         if args.tiled_cast is not None:
             cfg = dataclasses.replace(cfg, tiled_cast_fqns=args.tiled_cast)
         apply_float8(block, cfg)
+        if not args.unfused_swiglu and cfg.recipe == "tensorwise" and cfg.own_backward:
+            from torchtitan.parallel.float8_swiglu import fuse_swiglu
+
+            assert fuse_swiglu(block.feed_forward)
         if args.torchao_input_cast:
             for module in block.modules():
                 if hasattr(module, "columnwise_input_cast"):
@@ -334,6 +339,11 @@ def main() -> None:
         help="float32 under bf16 autocast (one GPU), or bfloat16 without autocast (FSDP)",
     )
     p.add_argument("--fuse", action="store_true", help="wq/wk/wv and w1/w3 as one linear each")
+    p.add_argument(
+        "--unfused-swiglu",
+        action="store_true",
+        help="tensorwise, our backward: the feed-forward as three float8 linears, not one function",
+    )
     p.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--flavor", default="1B")
     p.add_argument("--batch", type=int, default=4)
@@ -352,6 +362,7 @@ def main() -> None:
     label += " eager column scales" if args.eager_column_scales else ""
     label += f" tiled cast {args.tiled_cast}" if args.tiled_cast is not None else ""
     label += " fused projections" if args.fuse else ""
+    label += " unfused swiglu" if args.unfused_swiglu else ""
     label += f" ac={args.ac}" if args.ac != "none" else ""
     label += " bf16 params" if args.params == "bfloat16" else ""
     label += "".join(f" {option}" for option in args.inductor)
@@ -364,7 +375,8 @@ def main() -> None:
     for kind, (ms, n) in by_category(kernels).items():
         print(f"  {kind:20s} {ms:8.3f} ms in {n} kernels")
     for ms, n, name in kernels[: args.top]:
-        print(f"  {ms:8.3f} ms {n:3d}x  {name[:130]}")
+        shown = name if len(name) <= 160 else f"{name[:110]}...{name[-47:]}"
+        print(f"  {ms:8.3f} ms {n:3d}x  {shown}")
 
 
 if __name__ == "__main__":
