@@ -144,14 +144,21 @@ def test_inputs_already_in_float8_go_to_torchaos_function(monkeypatch):
     assert len(calls) == 1
 
 
-def saved_for_backward(cfg: Float8, ac: str, op: str = "float8_cast_transposed") -> dict[str, int]:
+def saved_for_backward(
+    cfg: Float8, ac: str, op: str = "float8_cast_transposed", fused_swiglu: bool = False
+) -> dict[str, int]:
     """Compile one debug-model block (inductor's joint-graph passes and partitioner, no inductor
-    codegen): the bytes of the storages the forward keeps for the backward (a view of a kept
-    tensor costs nothing more) and where the calls of operator ``op`` run."""
+    codegen; ``fused_swiglu``: its feed-forward as one float8 function): the bytes of the
+    storages the forward keeps for the backward (a view of a kept tensor costs nothing more) and
+    where the calls of operator ``op`` run."""
     torch.manual_seed(0)
     with torch.device("meta"):
         model = Transformer(get_model_args("debugmodel", max_seq_len=256))
     apply_float8(model, cfg)
+    if fused_swiglu:
+        from torchtitan.parallel.float8_swiglu import use_fused_swiglu
+
+        use_fused_swiglu(model)
     apply_ac(model, ac, "op", save_matmuls="alternate")
     block = model.layers["0"].to_empty(device="cpu")
     block.init_weights()

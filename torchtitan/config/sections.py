@@ -378,6 +378,12 @@ class Float8(Section):
         "kernel of our own; rowwise casts output gradients column-wise in kernels of our own; "
         "false: torchao's backward",
     )
+    fused_swiglu: bool = opt(
+        True,
+        "tensorwise with own_backward, no TP: each feed-forward's three linears as one "
+        "function whose backward casts the SwiGLU's gradients in kernels of our own "
+        "(docs/float8.md); false: three linears",
+    )
     tiled_cast_fqns: list[str] = opt(
         ["attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3"],
         "with own_backward: linears (FQN contains one) whose weight gradient's float8 input is "

@@ -223,6 +223,12 @@ def runs_rowwise_backward(cfg: Float8) -> bool:
     return cfg.recipe == "rowwise" and cfg.own_backward
 
 
+def fuses_swiglu(cfg: Float8, tp_degree: int) -> bool:
+    """Whether the feed-forwards run as one float8 function (float8_swiglu.py): with our
+    tensorwise backward and ``fused_swiglu``, and not under TP, whose styles hook each linear."""
+    return runs_tensorwise_backward(cfg) and cfg.fused_swiglu and tp_degree == 1
+
+
 def casts_all_gather_in_one_kernel(cfg: Float8) -> bool:
     """Whether FSDP's float8 all-gather casts each weight shard in our one kernel: with
     ``fused_all_gather_cast`` and precomputed scales (the planner reads the same rule)."""

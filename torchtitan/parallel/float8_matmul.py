@@ -67,7 +67,9 @@ def float8_matmul(input: torch.Tensor, weight_t: torch.Tensor, linear: Float8Ten
     )
 
 
-def _cast(tensor, cast_config, mm_config: LinearMMConfig, role: GemmInputRole, config):
+def dynamic_cast(tensor, cast_config, mm_config: LinearMMConfig, role: GemmInputRole, config):
+    """``tensor`` cast to float8 by its own amax, as torchao's linear casts an operand of
+    ``role``."""
     return hp_tensor_to_float8_dynamic(
         tensor,
         cast_config.target_dtype,
@@ -77,11 +79,13 @@ def _cast(tensor, cast_config, mm_config: LinearMMConfig, role: GemmInputRole, c
     )
 
 
-def _weight_in_float8(weight_t, mm_config: LinearMMConfig, config: Float8LinearConfig):
+def weight_in_float8(weight_t, mm_config: LinearMMConfig, config: Float8LinearConfig):
     """The weight as cast for the matmuls (FSDP's float8 all-gather may have cast it already)."""
     if tensor_already_casted_to_fp8(weight_t):
         return weight_t
-    return _cast(weight_t, config.cast_config_weight, mm_config, GemmInputRole.WEIGHT, config)
+    return dynamic_cast(
+        weight_t, config.cast_config_weight, mm_config, GemmInputRole.WEIGHT, config
+    )
 
 
 @torch._dynamo.allow_in_graph
@@ -92,12 +96,12 @@ class TensorwiseFloat8Matmul(torch.autograd.Function):
     def forward(
         ctx, input_hp, weight_t, mm_config: LinearMMConfig, config: Float8LinearConfig, tiled: bool
     ):
-        input_fp8 = _cast(
+        input_fp8 = dynamic_cast(
             input_hp, config.cast_config_input, mm_config, GemmInputRole.INPUT, config
         )
         ctx.save_for_backward(input_hp, weight_t, input_fp8._scale)
         ctx.mm_config, ctx.config, ctx.tiled = mm_config, config, tiled
-        weight_fp8_t = _weight_in_float8(weight_t, mm_config, config)
+        weight_fp8_t = weight_in_float8(weight_t, mm_config, config)
         out = torch.mm(input_fp8.reshape(-1, input_fp8.shape[-1]), weight_fp8_t)
         return out.reshape(*input_hp.shape[:-1], out.shape[-1])
 
@@ -106,10 +110,10 @@ class TensorwiseFloat8Matmul(torch.autograd.Function):
         input_hp, weight_t, input_scale = ctx.saved_tensors
         mm_config, config = ctx.mm_config, ctx.config
         grad_2d = grad_output.reshape(-1, grad_output.shape[-1])
-        grad_fp8 = _cast(
+        grad_fp8 = dynamic_cast(
             grad_2d, config.cast_config_grad_output, mm_config, GemmInputRole.GRAD_OUTPUT, config
         )
-        weight_fp8_t = _weight_in_float8(weight_t, mm_config, config)
+        weight_fp8_t = weight_in_float8(weight_t, mm_config, config)
         grad_input = torch.mm(grad_fp8, weight_fp8_t.t())
         grad_input = grad_input.reshape(*grad_output.shape[:-1], grad_input.shape[-1])
         input_2d = input_hp.reshape(-1, input_hp.shape[-1])

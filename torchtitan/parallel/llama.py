@@ -41,6 +41,7 @@ from torchtitan.parallel.float8 import (
     apply_float8,
     float8_tp_plan,
     float8_tp_styles,
+    fuses_swiglu,
     recompute_must_round_like_forward,
     round_recompute_like_forward,
 )
@@ -133,6 +134,10 @@ def parallelize_llama(model: nn.Module, dims: ParallelDims, cfg: JobConfig, devi
     ac = cfg.activation_checkpoint
     if cfg.float8.enable:  # first: TP styles and FSDP wrap the swapped-in Float8Linear modules
         apply_float8(model, cfg.float8, dims.fsdp_degree > 1)
+        if fuses_swiglu(cfg.float8, dims.tp):
+            from torchtitan.parallel.float8_swiglu import use_fused_swiglu  # imports torchao
+
+            use_fused_swiglu(model, LLAMA_BLOCKS, "feed_forward")
     if dims.tp > 1:
         root_plan = llama_root_plan(
             not p.disable_loss_parallel, fused_loss=cfg.training.loss_chunk_tokens > 0
