@@ -126,3 +126,17 @@ def test_compiled_block_with_the_fused_feed_forward_is_as_close_to_bf16_as_the_u
         }
         print(f"{name}: relative error unfused {errors['unfused']:.4f} fused {errors['fused']:.4f}")
         assert errors["fused"] <= 1.25 * errors["unfused"] + 0.005, name
+
+
+def test_a_nan_gradient_gives_nan_amaxes_as_torch_does():
+    """``tl.max`` skips NaN; the kernel keeps it, so a NaN scale spreads it as the unfused
+    backward's ``torch.max`` does."""
+    from torchtitan.parallel.float8_swiglu import swiglu_float8_grad_amax
+
+    dh, a1, a3 = swiglu_inputs(1024, 1024)
+    dh[5, 7] = float("nan")
+    assert swiglu_float8_grad_amax(dh, a1, a3).isnan().all()
+    dh[5, 7] = float("inf")
+    a1[0, 0] = float("inf")  # silu_backward at inf: inf * 0, NaN in eager too
+    got = swiglu_float8_grad_amax(dh, a1, a3)
+    assert got[0].isnan() and got[1].isinf()

@@ -49,13 +49,19 @@ def step(model, compiled: bool) -> list[torch.Tensor]:
     return [out, x.grad] + [p.grad for p in model.parameters()]
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_the_fused_block_computes_the_unfused_bits(compiled):
+@pytest.mark.parametrize(
+    "compiled, tiled",
+    [(False, None), (True, None), (False, [])],
+    ids=["eager", "compiled", "eager, no tiled cast"],
+)
+def test_the_fused_block_computes_the_unfused_bits(compiled, tiled):
     """The torch path of the operators is eager autograd's own ops, so the outputs and every
-    gradient are the unfused block's bit for bit (compiled: both rounding like eager)."""
+    gradient are the unfused block's bit for bit (compiled: both rounding like eager), with the
+    block input's transposed cast tiled (the default) or not (``tiled_cast_fqns`` empty)."""
+    cfg = EMULATED if tiled is None else dataclasses.replace(EMULATED, tiled_cast_fqns=tiled)
     with unittest.mock.patch("torch._inductor.config.emulate_precision_casts", True):
-        want = step(block(fused=False), compiled)
-        got = step(block(fused=True), compiled)
+        want = step(block(fused=False, cfg=cfg), compiled)
+        got = step(block(fused=True, cfg=cfg), compiled)
     names = ["out", "x.grad"] + [name for name, _ in block(False).named_parameters()]
     for name, w, g in zip(names, want, got):
         assert torch.equal(g, w), name
@@ -86,6 +92,21 @@ def test_only_feed_forwards_of_three_float8_linears_are_fused():
         model = Transformer(get_model_args("debugmodel", max_seq_len=64))
     apply_float8(model, dataclasses.replace(EMULATED, filter_fqns=["output", "w2"]))
     assert use_fused_swiglu(model) == 0
+
+
+def test_the_trainers_composition_fuses_the_feed_forwards_without_tp():
+    from torchtitan.config import JobConfig, Parallelism
+    from torchtitan.parallel.dims import ParallelDims
+    from torchtitan.parallel.float8_swiglu import FusedFloat8SwiGLU
+    from torchtitan.parallel.llama import parallelize_llama
+
+    cfg = JobConfig()
+    cfg.float8 = EMULATED
+    with torch.device("meta"):
+        model = Transformer(get_model_args("debugmodel", max_seq_len=64))
+    parallelize_llama(model, ParallelDims.from_config(Parallelism(), 1), cfg, "cpu")
+    fused = [isinstance(b.feed_forward, FusedFloat8SwiGLU) for b in model.layers.values()]
+    assert fused == [True] * len(model.layers)
 
 
 def test_inputs_already_in_float8_run_the_unfused_forward(monkeypatch):
@@ -139,6 +160,9 @@ for w, g in zip(want[:5], got[:5]):
     assert (w.view(torch.uint8) == g.view(torch.uint8)).float().mean() > 0.85
 for row_major, transposed in ((got[0], got[1]), (got[2], got[3])):
     assert torch.equal(transposed.view(torch.uint8), row_major.t().contiguous().view(torch.uint8))
+dh[7, 9] = float("nan")  # a NaN gradient gives NaN amaxes, as torch.max does (not skipped)
+for amaxes in (kernel.grad_amax(dh, a1, a3), swiglu_float8_grad_amax(dh, a1, a3)):
+    assert amaxes.isnan().all()
 print("kernels ok")
 """
 
@@ -149,8 +173,9 @@ print("kernels ok")
 )
 def test_the_kernels_layout_and_scales_under_the_interpreter():
     """The interpreter truncates to bf16 (and rounds float8 otherwise) where the GPU rounds to
-    nearest, so only the amaxes (to a bf16 step or two), the scales from them, the layout (most
-    bits equal, the transposes exact) are checked here; the GPU test checks the bits."""
+    nearest, so only the amaxes (to a bf16 step or two; NaN kept), the scales from them, the
+    layout (most bits equal, the transposes exact) are checked here; the GPU test checks the
+    bits."""
     assert "kernels ok" in run_under_interpreter(KERNELS_CHECK)
 
 

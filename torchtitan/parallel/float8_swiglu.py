@@ -4,15 +4,18 @@ backward casts the SiLU-and-product gradients in kernels of our own.
 Unfused, each of the three float8 linears runs our tensorwise backward (float8_matmul.py) and
 autograd computes the SwiGLU's gradients between them; compiled, inductor fuses those gradients
 into their linears' float8 casts: one reduction kernel for their amaxes, then one pointwise
-kernel writing the two gradients in float8 row-major and transposed, and another recomputing
-the product for w2's weight gradient. Those two pointwise kernels ran at about half the card's
-bandwidth (1.6 ms of a 25 ms 1B block on an H200; docs/performance.md, finding 36).
+kernel writing the two gradients in float8 row-major and transposed and the recomputed product
+transposed for w2's weight gradient, at 3.1 and 2.5 TB/s on an H200 (1.7 ms of a 25 ms 1B
+block; docs/performance.md, finding 36).
 ``Float8SwiGLU`` computes the same matmuls with the same casts, but its backward gets the
 gradients' amaxes and all five float8 operands from two operators of ours
 (``torchtitan::swiglu_float8_grad_amax`` and ``torchtitan::swiglu_float8_grad_cast``): Triton
 kernels on CUDA (float8_swiglu_kernel.py), the same arithmetic in torch ops elsewhere. Both
 round to bf16 where eager's ops do, so on CPU the fused feed-forward trains bit for bit like
-the unfused one.
+the unfused one (compiled: when inductor rounds like eager too, ``emulate_precision_casts``;
+by default it skips those roundings inside its fused kernels, so the two differ by a float8
+rounding here and there). The block input's transposed cast for w1's and w3's weight gradients
+is the tiled one (``float8_cast_transposed``) when w1 is in ``tiled_cast_fqns``, as unfused.
 
 ``use_fused_swiglu`` swaps a block's feed-forward to it when its three linears are float8 with
 our tensorwise backward and no bias; under TP (whose styles hook the linears themselves) it is
@@ -30,7 +33,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 from torchao.float8.distributed_utils import tensor_already_casted_to_fp8
-from torchao.float8.float8_training_tensor import Float8TrainingTensor, GemmInputRole
+from torchao.float8.float8_training_tensor import (
+    Float8TrainingTensor,
+    GemmInputRole,
+    hp_tensor_and_scale_to_float8,
+)
 from torchao.float8.float8_utils import amax_to_scale, to_fp8_saturated
 
 from torchtitan.parallel.blocks import block_items
@@ -137,7 +144,7 @@ class Float8SwiGLU(torch.autograd.Function):
     doc); the weights come transposed, as the linears pass them to their matmuls."""
 
     @staticmethod
-    def forward(ctx, x, w1_t, w3_t, w2_t, mm_config, config):
+    def forward(ctx, x, w1_t, w3_t, w2_t, mm_config, config, tiled: bool):
         x_2d = x.reshape(-1, x.shape[-1])
         x_fp8 = dynamic_cast(x_2d, config.cast_config_input, mm_config, GemmInputRole.INPUT, config)
         a1 = torch.mm(x_fp8, weight_in_float8(w1_t, mm_config, config))
@@ -146,7 +153,7 @@ class Float8SwiGLU(torch.autograd.Function):
         h_fp8 = dynamic_cast(h, config.cast_config_input, mm_config, GemmInputRole.INPUT, config)
         out = torch.mm(h_fp8, weight_in_float8(w2_t, mm_config, config))
         ctx.save_for_backward(x, a1, a3, w1_t, w3_t, w2_t, x_fp8._scale, h_fp8._scale)
-        ctx.mm_config, ctx.config = mm_config, config
+        ctx.mm_config, ctx.config, ctx.tiled = mm_config, config, tiled
         return out.reshape(*x.shape[:-1], out.shape[-1])
 
     @staticmethod
@@ -178,12 +185,18 @@ class Float8SwiGLU(torch.autograd.Function):
         grad_x = torch.mm(grads_1, weight_in_float8(w1_t, mm_config, config).t()) + torch.mm(
             grads_3, weight_in_float8(w3_t, mm_config, config).t()
         )
-        x_t = float8_cast_transposed(x.reshape(-1, x.shape[-1]), x_scale, input_dtype)
-        x_fp8 = operand(x_t.t(), x_scale, GemmInputRole.INPUT, x.dtype)
+        x_2d = x.reshape(-1, x.shape[-1])
+        if ctx.tiled:
+            x_t = float8_cast_transposed(x_2d, x_scale, input_dtype)
+            x_fp8 = operand(x_t.t(), x_scale, GemmInputRole.INPUT, x.dtype)
+        else:  # the matmul transposes it; inductor fuses that into the kernel computing x
+            x_fp8 = hp_tensor_and_scale_to_float8(
+                x_2d, x_scale, input_dtype, mm_config, GemmInputRole.INPUT
+            )
         grad_w1 = torch.mm(operand(da1_t, scales[0], GemmInputRole.GRAD_OUTPUT), x_fp8)
         grad_w3 = torch.mm(operand(da3_t, scales[1], GemmInputRole.GRAD_OUTPUT), x_fp8)
         grad_x = grad_x.reshape(x.shape)
-        return grad_x, grad_w1.t(), grad_w3.t(), grad_w2.t(), None, None
+        return grad_x, grad_w1.t(), grad_w3.t(), grad_w2.t(), None, None, None
 
 
 class FusedFloat8SwiGLU:
@@ -197,8 +210,9 @@ class FusedFloat8SwiGLU:
             return super().forward(x)
         if torch.is_autocast_enabled():  # as Float8Linear does: compute in autocast's dtype
             x = x.to(torch.get_autocast_gpu_dtype())
+        weights_t = (w1.weight.t(), w3.weight.t(), w2.weight.t())
         return Float8SwiGLU.apply(
-            x, w1.weight.t(), w3.weight.t(), w2.weight.t(), w1.linear_mm_config, w1.config
+            x, *weights_t, w1.linear_mm_config, w1.config, w1.tiled_input_cast
         )
 
 
@@ -208,20 +222,23 @@ def _fused_class(cls: type) -> type:
 
 
 def fusable(module: nn.Module) -> bool:
-    """Whether ``module`` has w1/w2/w3 float8 linears of our tensorwise backward, without bias
-    and with one configuration (the forward must be ``w2(silu(w1(x)) * w3(x))``: the caller's
-    knowledge of the model)."""
+    """Whether ``module`` has w1/w2/w3 float8 linears of our tensorwise backward, without bias,
+    with one configuration and w1 and w3 (which share their input's cast) both tiled or not (the
+    forward must be ``w2(silu(w1(x)) * w3(x))``: the caller's knowledge of the model)."""
     linears = [getattr(module, name, None) for name in PROJECTIONS]
     if not all(type(m) is Float8TensorwiseLinear for m in linears):
         return False
     first = linears[0]
-    return all(
-        m.bias is None
-        and m.own_backward
-        and is_tensorwise(m.config)
-        and m.config == first.config
-        and m.linear_mm_config == first.linear_mm_config
-        for m in linears
+    return (
+        all(
+            m.bias is None
+            and m.own_backward
+            and is_tensorwise(m.config)
+            and m.config == first.config
+            and m.linear_mm_config == first.linear_mm_config
+            for m in linears
+        )
+        and linears[0].tiled_input_cast == linears[2].tiled_input_cast
     )
 
 

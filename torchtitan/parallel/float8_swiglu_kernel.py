@@ -11,15 +11,16 @@ backward's, up to the exponential's last bit):
 
 ``grad_amax``: the largest ``|da1|`` and ``|da3|`` (the tensorwise scales' amaxes), each program
 reducing a run of elements and merging with an integer atomic max (non-negative floats order as
-their bits do).
+their bits do, and the positive NaN after them all: a NaN gradient gives a NaN amax, as
+``torch.max`` does).
 
 ``grad_cast``: one (BLOCK_ROWS x BLOCK_COLS) tile per program; ``da1`` and ``da3`` scaled by the
 scales their amaxes give (torchao's ``amax_to_scale``, computed in the kernel and written out by
 the first program) and ``h`` by the forward's scale, saturated and cast to float8, stored
 row-major (da1, da3, for the input-gradient matmuls) and transposed (da1, da3, h, for the
-weight-gradient matmuls). The inputs are read twice (the amaxes, then the casts) where the
-unfused compiled backward read them three times (the amaxes, the gradients' casts, h's), and
-wrote the transposed copies from inside pointwise kernels at about half the card's bandwidth
+weight-gradient matmuls). The unfused compiled backward has the same two passes, fused by
+inductor: one reduction for the amaxes and one pointwise kernel writing the five operands, at 3.1
+and 2.5 TB/s inside the compiled 1B block on an H200; these kernels ran at 4.1 and 3.3 TB/s alone
 (docs/performance.md, finding 36).
 """
 
@@ -69,10 +70,18 @@ def _grad_amax_kernel(
         a1 = tl.load(a1_ptr + offsets, mask=inside, other=0.0)
         a3 = tl.load(a3_ptr + offsets, mask=inside, other=0.0)
         da1, da3, _ = _swiglu_grads(dh, a1, a3)
-        amax1 = tl.maximum(amax1, tl.abs(da1))
-        amax3 = tl.maximum(amax3, tl.abs(da3))
-    tl.atomic_max(out_ptr, tl.max(amax1, axis=0).to(tl.int32, bitcast=True))
-    tl.atomic_max(out_ptr + 1, tl.max(amax3, axis=0).to(tl.int32, bitcast=True))
+        amax1 = tl.maximum(amax1, tl.abs(da1), propagate_nan=tl.PropagateNan.ALL)
+        amax3 = tl.maximum(amax3, tl.abs(da3), propagate_nan=tl.PropagateNan.ALL)
+    tl.atomic_max(out_ptr, _max_or_nan(amax1).to(tl.int32, bitcast=True))
+    tl.atomic_max(out_ptr + 1, _max_or_nan(amax3).to(tl.int32, bitcast=True))
+
+
+@triton.jit
+def _max_or_nan(values):
+    """The largest of non-negative ``values``, or a (positive) NaN if one is NaN: ``tl.max``
+    alone would skip it."""
+    largest = tl.max(values, axis=0)
+    return tl.where(tl.max((values != values).to(tl.int32), axis=0) > 0, float("nan"), largest)
 
 
 def grad_amax(dh: torch.Tensor, a1: torch.Tensor, a3: torch.Tensor) -> torch.Tensor:
