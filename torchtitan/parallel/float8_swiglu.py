@@ -25,7 +25,6 @@ not used. A call whose inputs are DTensors or already float8 runs the unfused fo
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
 
 import torch
@@ -47,7 +46,7 @@ from torchtitan.parallel.float8_matmul import (
     is_tensorwise,
     weight_in_float8,
 )
-from torchtitan.parallel.float8_transposed_cast import float8_cast_transposed
+from torchtitan.parallel.float8_transposed_cast import float8_cast_transposed, triton_kernels
 
 logger = logging.getLogger("torchtitan")
 
@@ -107,18 +106,16 @@ def swiglu_float8_grad_cast(
 
 @swiglu_float8_grad_cast.register_fake
 def _(dh, a1, a3, amax, h_scale, grad_dtype, input_dtype, round_to_power_of_2):
+    return empty_operands(dh, grad_dtype, input_dtype)
+
+
+def empty_operands(dh: torch.Tensor, grad_dtype: torch.dtype, input_dtype: torch.dtype):
+    """Uninitialized (da1, da1ᵀ, da3, da3ᵀ, hᵀ, scales) for a (tokens x hidden) ``dh``."""
     tokens, hidden = dh.shape
-    grads = [dh.new_empty((tokens, hidden), dtype=grad_dtype) for _ in range(2)]
-    transposed = [dh.new_empty((hidden, tokens), dtype=grad_dtype) for _ in range(2)]
+    da1, da3 = (dh.new_empty((tokens, hidden), dtype=grad_dtype) for _ in range(2))
+    da1_t, da3_t = (dh.new_empty((hidden, tokens), dtype=grad_dtype) for _ in range(2))
     h_t = dh.new_empty((hidden, tokens), dtype=input_dtype)
-    return (
-        grads[0],
-        transposed[0],
-        grads[1],
-        transposed[1],
-        h_t,
-        dh.new_empty(2, dtype=torch.float32),
-    )
+    return da1, da1_t, da3, da3_t, h_t, dh.new_empty(2, dtype=torch.float32)
 
 
 def _kernel_module(*tensors: torch.Tensor):
@@ -126,16 +123,7 @@ def _kernel_module(*tensors: torch.Tensor):
     installed, else None: the torch path (also under Triton's CPU interpreter, which rounds
     otherwise)."""
     usable = all(t.is_cuda and t.dtype == torch.bfloat16 for t in tensors)
-    return _import_kernel() if usable else None
-
-
-@functools.cache
-def _import_kernel():
-    if importlib.util.find_spec("triton") is None:
-        return None
-    from torchtitan.parallel import float8_swiglu_kernel
-
-    return float8_swiglu_kernel
+    return triton_kernels("float8_swiglu_kernel") if usable else None
 
 
 @torch._dynamo.allow_in_graph
@@ -228,17 +216,14 @@ def fusable(module: nn.Module) -> bool:
     linears = [getattr(module, name, None) for name in PROJECTIONS]
     if not all(type(m) is Float8TensorwiseLinear for m in linears):
         return False
-    first = linears[0]
-    return (
-        all(
-            m.bias is None
-            and m.own_backward
-            and is_tensorwise(m.config)
-            and m.config == first.config
-            and m.linear_mm_config == first.linear_mm_config
-            for m in linears
-        )
-        and linears[0].tiled_input_cast == linears[2].tiled_input_cast
+    w1, _, w3 = linears
+    return w1.tiled_input_cast == w3.tiled_input_cast and all(
+        m.bias is None
+        and m.own_backward
+        and is_tensorwise(m.config)
+        and m.config == w1.config
+        and m.linear_mm_config == w1.linear_mm_config
+        for m in linears
     )
 
 

@@ -169,11 +169,11 @@ def grad_cast(
     """(da1, da1ᵀ, da3, da3ᵀ, hᵀ, scales): the float8 operands of the SwiGLU's backward
     matmuls, each transposed one a new row-major (hidden x tokens) tensor, and the two gradients'
     scales (float32, two). Inputs contiguous (tokens x hidden); ``amax`` from ``grad_amax``."""
+    from torchtitan.parallel.float8_swiglu import empty_operands
+
     n_rows, n_cols = dh.shape
-    grads = [dh.new_empty((n_rows, n_cols), dtype=grad_dtype) for _ in range(2)]
-    grads_t = [dh.new_empty((n_cols, n_rows), dtype=grad_dtype) for _ in range(2)]
-    h_t = dh.new_empty((n_cols, n_rows), dtype=input_dtype)
-    scales = torch.empty(2, dtype=torch.float32, device=dh.device)
+    operands = empty_operands(dh, grad_dtype, input_dtype)
+    da1, da1_t, da3, da3_t, h_t, scales = operands
     grid = (triton.cdiv(n_rows, rows), triton.cdiv(n_cols, cols))
     _grad_cast_kernel[grid](
         dh,
@@ -182,10 +182,10 @@ def grad_cast(
         amax,
         h_scale,
         scales,
-        grads[0],
-        grads_t[0],
-        grads[1],
-        grads_t[1],
+        da1,
+        da1_t,
+        da3,
+        da3_t,
         h_t,
         n_rows,
         n_cols,
@@ -198,4 +198,4 @@ def grad_cast(
         BLOCK_COLS=cols,
         num_warps=warps,
     )
-    return grads[0], grads_t[0], grads[1], grads_t[1], h_t, scales
+    return operands

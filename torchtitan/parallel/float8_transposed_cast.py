@@ -22,6 +22,7 @@ value, rounded to nearest), so the result is bit for bit what torchao's backward
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
 
 import torch
@@ -51,13 +52,12 @@ def kernel_module(x: torch.Tensor):
     """The Triton kernel module for CUDA tensors when Triton is installed; None for the torch
     path. Not under Triton's CPU interpreter: it rounds some values to float8 differently from
     the GPU (126.7 to 64 instead of 128 in e4m3), so it cannot stand in for the kernel."""
-    return _import_kernel() if x.is_cuda else None
+    return triton_kernels("float8_cast_kernel") if x.is_cuda else None
 
 
 @functools.cache
-def _import_kernel():
+def triton_kernels(module: str):
+    """``torchtitan.parallel.<module>``, a module of Triton kernels; None without Triton."""
     if importlib.util.find_spec("triton") is None:
         return None
-    from torchtitan.parallel import float8_cast_kernel
-
-    return float8_cast_kernel
+    return importlib.import_module(f"torchtitan.parallel.{module}")
