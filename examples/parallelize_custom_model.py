@@ -220,7 +220,7 @@ def parallelize(
     ac_mode: str,
     compile_blocks: bool,
 ) -> None:
-    """TP -> AC -> compile -> FSDP, the order torchtitan's ``parallelize_llama`` uses. ``model``
+    """TP -> AC -> compile -> FSDP, the order torchtitan's ``parallelize`` uses. ``model``
     may be a pipeline stage: the helpers skip the parts it lacks."""
     if mesh_size(mesh, "tp") > 1:
         apply_tp(model, mesh["tp"], gpt_root_plan(), gpt_block_plan(), GPT_BLOCKS)

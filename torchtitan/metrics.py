@@ -10,8 +10,6 @@ from pathlib import Path
 
 import torch
 
-from torchtitan.parallel.copy_engine_all_gather import symmetric_bytes
-
 logger = logging.getLogger("torchtitan")
 
 # Dense bf16 peak of one device, by a substring of torch.cuda.get_device_name().
@@ -137,8 +135,7 @@ class MetricsLogger:
         if self.peak:
             m[self._mfu_key] = 100.0 * tflops * 1e12 / self.peak
         if self.device.type == "cuda":
-            # + the copy-engine all-gather's buffers, which the caching allocator does not see
-            reserved = torch.cuda.max_memory_reserved(self.device) + symmetric_bytes()
+            reserved = torch.cuda.max_memory_reserved(self.device)
             m["memory_peak_gib"] = reserved / 2**30
             m["memory_peak_active_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         return m

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -13,10 +12,11 @@ import torch.nn as nn
 from torchtitan import runtime
 from torchtitan.checkpoint import save_seed_checkpoint
 from torchtitan.config import JobConfig
-from torchtitan.loss import use_chunked_loss_head
+from torchtitan.loss import LossFn
+from torchtitan.models import family_of
 from torchtitan.models.llama3 import ModelArgs, Transformer
+from torchtitan.parallel.compose import parallelize
 from torchtitan.parallel.dims import ParallelDims
-from torchtitan.parallel.llama import parallelize_llama
 from torchtitan.parallel.pipeline import (
     StagePlan,
     build_pipeline_stage,
@@ -29,8 +29,6 @@ from torchtitan.parallel.pipeline import (
 from torchtitan.preflight import seed_checkpoint_path
 
 logger = logging.getLogger("torchtitan")
-
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def build_model_parts(
@@ -47,13 +45,11 @@ def build_model_parts(
     start = time.perf_counter()
     with torch.device("meta"):
         model = Transformer(model_args)
-    if cfg.training.loss_chunk_tokens:
-        use_chunked_loss_head(model, cfg.training.loss_chunk_tokens)
     schedule, plan = None, None
     if dims.pp > 1:
         parts, schedule, plan = _build_pipeline(model, cfg, model_args, dims, device, step_loss)
     else:
-        parts = [parallelize_llama(model, dims, cfg, device.type)]
+        parts = [parallelize(model, family_of(cfg.model.name), dims, cfg, device.type)]
     for part in parts:
         part.to_empty(device=device)
         part.init_weights()
@@ -93,10 +89,19 @@ def _build_pipeline(
         head_units(model_args, cfg.training.seq_len, cfg.activation_checkpoint.mode),
     )
     parts, stages = [], []
+    family = family_of(cfg.model.name)
     for stage_id in plan.stage_ids:
         first, last = stage_id == 0, stage_id == plan.num_stages - 1
-        part = build_stage_module(model, plan.layers[stage_id], first, last)
-        part = parallelize_llama(part, dims, cfg, device.type)
+        part = build_stage_module(
+            model,
+            plan.layers[stage_id],
+            first,
+            last,
+            family.blocks_attr,
+            family.input_modules,
+            family.output_modules,
+        )
+        part = parallelize(part, family, dims, cfg, device.type)
         parts.append(part)
         stages.append(build_pipeline_stage(part, stage_id, plan, device, pp_mesh.get_group()))
     n_microbatches = microbatch_count(
@@ -110,17 +115,6 @@ def _build_pipeline(
         p.pipeline_parallel_schedule_csv,
     )
     return parts, schedule, plan
-
-
-def per_step_loss(summed_loss: LossFn, step_tokens: int) -> LossFn:
-    """A micro-batch's summed loss over the tokens of the whole optimizer step: the micro-batch
-    (and pipeline microbatch) losses then add up to the step's mean loss, and their gradients to
-    those of one large batch."""
-
-    def step_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return summed_loss(logits, labels) / step_tokens
-
-    return step_loss
 
 
 def build_seed_model(model_args: ModelArgs) -> nn.Module:

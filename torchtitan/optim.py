@@ -9,56 +9,56 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
-from torchtitan.compiled_adamw import CompiledAdam, CompiledAdamMixin, CompiledAdamW
 from torchtitan.config import ConfigError, LRScheduler, Optimizer
 
+OPTIMIZERS = {"AdamW": torch.optim.AdamW, "Adam": torch.optim.Adam}
 
-def build_optimizer(params, cfg: Optimizer, device_type: str) -> torch.optim.Optimizer:
+
+def build_optimizer(
+    params, cfg: Optimizer, device_type: str, compiled_adamw: bool = False
+) -> torch.optim.Optimizer:
+    """The optimizer ``cfg`` names over ``params``; with ``compiled_adamw`` (the experimental
+    switch, CUDA only) its update runs as one compiled kernel per parameter."""
     params = list(params)
     distributed = any(isinstance(p, DTensor) for p in params)
-    check_optimizer(cfg, distributed)
-    impl = resolve_implementation(cfg.implementation, device_type, distributed)
     kwargs = dict(
         lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay
     )
-    if impl == "compiled":
-        return {"AdamW": CompiledAdamW, "Adam": CompiledAdam}[cfg.name](params, **kwargs)
-    cls = {"AdamW": torch.optim.AdamW, "Adam": torch.optim.Adam}[cfg.name]
+    if compiled_adamw and device_type == "cuda":
+        check_optimizer(compiled_adamw, distributed)
+        from torchtitan.experimental.compiled_adamw import COMPILED
+
+        return COMPILED[cfg.name](params, **kwargs)
+    impl = resolve_implementation(cfg.implementation, device_type)
+    cls = OPTIMIZERS[cfg.name]
     return cls(params, fused=impl == "fused", foreach=impl == "foreach", **kwargs)
 
 
 COMPILED_NEEDS_WHOLE_PARAMETERS = (
-    "--optimizer.implementation compiled takes whole parameters, and this layout shards or "
-    "replicates them (data, context or tensor parallel degree > 1); use fused (auto does)"
+    "--experimental.compiled_adamw takes whole parameters, and this layout shards or "
+    "replicates them (data, context or tensor parallel degree > 1); turn it off"
 )
 
 
-def resolve_implementation(implementation: str, device_type: str, distributed: bool) -> str:
-    """``auto``: on CUDA the compiled kernel for whole (non-DTensor) parameters when Triton is
-    there (faster than ``fused``: docs/performance.md), else ``fused``; ``foreach`` on CPU.
-
-    The compiled kernel is not used on DTensor parameters: on FSDP2 shards it failed with an
-    illegal memory access (H100, torch 2.11), not investigated yet."""
+def resolve_implementation(implementation: str, device_type: str) -> str:
+    """``auto``: torch's fused kernel on CUDA, ``foreach`` elsewhere."""
     if implementation != "auto":
         return implementation
-    if device_type != "cuda":
-        return "foreach"
-    from torch.utils._triton import has_triton
-
-    return "compiled" if has_triton() and not distributed else "fused"
+    return "fused" if device_type == "cuda" else "foreach"
 
 
-def check_optimizer(cfg: Optimizer, parameters_distributed: bool) -> None:
-    """The compiled kernel only where parameters stay whole tensors: checked by preflight from
-    the layout, and again by ``build_optimizer`` from the parameters themselves."""
-    if cfg.implementation == "compiled" and parameters_distributed:
+def check_optimizer(compiled_adamw: bool, parameters_distributed: bool) -> None:
+    """The compiled update only where parameters stay whole tensors (on FSDP2 shards it failed
+    with an illegal memory access on an H100, torch 2.11): checked by preflight from the layout,
+    and again by ``build_optimizer`` from the parameters themselves."""
+    if compiled_adamw and parameters_distributed:
         raise ConfigError(COMPILED_NEEDS_WHOLE_PARAMETERS)
 
 
 def takes_scale_and_skip(optimizer: torch.optim.Optimizer) -> bool:
     """Whether ``optimizer.step`` honours ``grad_scale`` and ``found_inf`` attributes (as set by a
-    GradScaler): the fused kernels and ``CompiledAdamMixin`` do, the others ignore them."""
-    if isinstance(optimizer, CompiledAdamMixin):
+    GradScaler): the fused kernels and the compiled update do, the others ignore them."""
+    if getattr(optimizer, "takes_scale_and_skip", False):
         return True
     return all(group.get("fused") for group in optimizer.param_groups)
 

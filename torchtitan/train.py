@@ -19,17 +19,16 @@ from torchtitan.checkpoint.hf_load import load_hf_weights
 from torchtitan.checkpoint.resume_changes import run_settings
 from torchtitan.config import JobConfig, parse_args
 from torchtitan.data.loader import build_dataloader
-from torchtitan.inplace_loss import in_place_chosen
-from torchtitan.loss import SummedLoss, loss_context
+from torchtitan.float8 import plain_weights, precompute_float8_scales
+from torchtitan.loss import build_summed_loss, loss_context, per_step_loss
 from torchtitan.metrics import MetricsLogger, StepStats
-from torchtitan.model_build import build_model_parts, per_step_loss, write_seed_checkpoint
+from torchtitan.model_build import build_model_parts, write_seed_checkpoint
 from torchtitan.observability import flight_recorder
 from torchtitan.observability.fault_injection import FaultInjector
 from torchtitan.observability.numerics import NonFiniteGuard
 from torchtitan.observability.profiling import maybe_profile
 from torchtitan.optim import build_lr_scheduler, build_optimizer, clip_grad_norm
 from torchtitan.parallel.context_parallel import cp_context
-from torchtitan.parallel.float8 import precompute_float8_scales
 from torchtitan.parallel.tensor_parallel import plain_loss
 from torchtitan.validate import ForwardPieces, Validator
 
@@ -47,22 +46,21 @@ class Trainer:
         self.tokenizer, self.model_args = job.tokenizer, job.model_args
         self.dims, self.accum_steps = job.dims, job.accum_steps
         self.dump_folder = Path(cfg.job.dump_folder)
-        self.step_loss = per_step_loss(self._summed_loss, self._loss_tokens)
+        self.summed_loss = build_summed_loss(
+            cfg.training.logits_loss,
+            compiled=cfg.compile.enable and cfg.compile.loss,
+            cuda=self.device.type == "cuda",
+        )
+        self.step_loss = per_step_loss(self.summed_loss, self._loss_tokens)
         self.model_parts, self.schedule, self.stage_plan = build_model_parts(
             cfg, self.model_args, self.dims, self.device, self.step_loss
-        )
-        t = cfg.training
-        self.summed_loss = SummedLoss(
-            self.model_parts,
-            chunk_tokens=t.loss_chunk_tokens,
-            compiled=cfg.compile.enable and cfg.compile.loss,
-            in_place=in_place_chosen(t.logits_loss, self.device.type == "cuda"),
-            autocast=self._autocast,
         )
         self.dataloader = self._build_dataloader()
         # One optimizer (and lr schedule) per model part: a pipeline rank may hold several stages.
         self.optimizers = [
-            build_optimizer(part.parameters(), cfg.optimizer, self.device.type)
+            build_optimizer(
+                part.parameters(), cfg.optimizer, self.device.type, cfg.experimental.compiled_adamw
+            )
             for part in self.model_parts
         ]
         self.lr_schedulers = [
@@ -77,9 +75,6 @@ class Trainer:
             load_hf_weights(self.model_parts, cfg.checkpoint.initial_load_path, self.model_args)
         self.metrics = self._build_metrics()
         self.validator = self._build_validator() if cfg.validation.enable else None
-
-    def _summed_loss(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.summed_loss(output, labels)  # built once the model parts exist
 
     def _build_dataloader(self):
         t = self.cfg.training
@@ -101,7 +96,7 @@ class Trainer:
         pieces = ForwardPieces(
             model_parts=self.model_parts,
             stage_plan=self.stage_plan,
-            summed_loss=self._summed_loss,
+            summed_loss=self.summed_loss,
             cp_context=self._cp_context,
             loss_context=self._loss_context,
             autocast=self._autocast,
@@ -121,6 +116,7 @@ class Trainer:
             lr_schedulers=self.lr_schedulers,
             dataloader=self.dataloader,
             train_state=self.train_state,
+            plain_weights=plain_weights if self.cfg.float8.enable else None,
         )
 
     def _build_metrics(self) -> MetricsLogger:

@@ -29,9 +29,10 @@ from torchtitan.config import ASSETS, Checkpoint, JobConfig
 from torchtitan.data import Tokenizer, build_dataloader
 from torchtitan.loss import loss_context
 from torchtitan.models.llama3 import ModelArgs, Transformer
+from torchtitan.models.llama3.parallelize import LLAMA3
 from torchtitan.optim import build_lr_scheduler, build_optimizer
+from torchtitan.parallel.compose import parallelize
 from torchtitan.parallel.dims import ParallelDims
-from torchtitan.parallel.llama import parallelize_llama
 
 SEQ_LEN = 16
 GLOBAL_BATCH = 8
@@ -48,7 +49,7 @@ class Run:
         self.dims.build_mesh("cpu")
         with torch.device("meta"):
             self.model = Transformer(ARGS)
-        parallelize_llama(self.model, self.dims, cfg, "cpu")
+        parallelize(self.model, LLAMA3, self.dims, cfg, "cpu")
         self.model.to_empty(device="cpu")
         torch.manual_seed(seed)
         self.model.init_weights()

@@ -23,7 +23,7 @@ import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from torchtitan.parallel.copy_engine_all_gather import (
+from torchtitan.experimental.copy_engine_all_gather import (
     SymmetricBufferPair,
     symmetric_bytes,
     use_copy_engine_all_gather,

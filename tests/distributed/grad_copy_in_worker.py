@@ -1,4 +1,4 @@
-"""FSDP2 with our gradient copy-in (torchtitan/parallel/grad_copy_in.py) on gloo ranks, the
+"""FSDP2 with our gradient copy-in (torchtitan/experimental/grad_copy_in.py) on gloo ranks, the
 kernel under Triton's CPU interpreter: two copies of a small model trained side by side, one
 with FSDP's own copy-in and one with ours, on a 1-D mesh (FSDP) and a 2-D one (HSDP: 2 replicas
 of 2 shards), must agree bit for bit; rank 0 prints ``COPY_IN_RESULT {json}`` with how many
@@ -18,8 +18,8 @@ import torch.nn as nn  # noqa: E402
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
 
-from torchtitan.parallel import grad_copy_in_kernel  # noqa: E402
-from torchtitan.parallel.grad_copy_in import use_triton_grad_copy_in  # noqa: E402
+from torchtitan.experimental import grad_copy_in_kernel  # noqa: E402
+from torchtitan.experimental.grad_copy_in import use_triton_grad_copy_in  # noqa: E402
 
 DIM, HIDDEN = 12, 32  # dim 0 of every weight divides by 4 ranks: the kernel's path
 KERNEL_CALLS = 0

@@ -18,7 +18,7 @@ import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
-from torchtitan.parallel.sharded_embedding import RowShardedEmbedding
+from torchtitan.experimental.sharded_embedding import RowShardedEmbedding
 
 DIM = 8
 

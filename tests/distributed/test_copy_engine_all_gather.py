@@ -1,4 +1,4 @@
-"""The copy-engine all-gather (torchtitan/parallel/copy_engine_all_gather.py) through FSDP2 on 4
+"""The copy-engine all-gather (torchtitan/experimental/copy_engine_all_gather.py) through FSDP2 on 4
 gloo ranks, FSDP and HSDP (2 replicas of 2 shards), with files standing in for CUDA symmetric
 memory (copy_engine_worker.py): the same losses and weights, bit for bit, as FSDP's own
 all-gather, one buffer pair per output size, and the pairs counted as memory outside the caching

@@ -67,11 +67,11 @@ LAYOUTS = {
         4,
         ["--training.local_batch_size=4", "--parallelism.tensor_parallel_degree=2"],
     ),
-    # The embedding all-gathered by FSDP instead of looked up where its vocabulary rows live
-    # (the default without TP, which the other FSDP and HSDP layouts here take).
-    "fsdp2_gathered_embedding": (
+    # The experimental row-sharded embedding: looked up where its vocabulary rows live instead
+    # of all-gathered by FSDP.
+    "fsdp2_sharded_embedding": (
         2,
-        ["--training.local_batch_size=4", "--parallelism.fsdp_sharded_embedding=false"],
+        ["--training.local_batch_size=4", "--experimental.fsdp_sharded_embedding=true"],
     ),
     # The 8-rank meshes of the 8-GPU runs (issue #8), on CPU.
     "fsdp8": (8, ["--training.local_batch_size=1"]),
@@ -87,31 +87,11 @@ LAYOUTS = {
             "--parallelism.tensor_parallel_degree=2",
         ],
     ),
-    # The fused chunked head + loss (chunks that cut across samples), and the fused AdamW whose
-    # found_inf input carries the non-finite check without a per-step sync.
-    "fsdp2_chunked_loss_fused_adamw": (
+    # The fused AdamW, whose found_inf input carries the non-finite check without a per-step
+    # sync.
+    "fsdp2_fused_adamw": (
         2,
-        [
-            "--training.local_batch_size=4",
-            "--training.loss_chunk_tokens=100",
-            "--optimizer.implementation=fused",
-        ],
-    ),
-    "fsdp2_cp2_chunked_loss": (
-        4,
-        [
-            "--training.local_batch_size=4",
-            "--parallelism.context_parallel_degree=2",
-            "--training.loss_chunk_tokens=48",
-        ],
-    ),
-    "fsdp2_tp2_chunked_loss": (
-        4,
-        [
-            "--training.local_batch_size=4",
-            "--parallelism.tensor_parallel_degree=2",
-            "--training.loss_chunk_tokens=48",
-        ],
+        ["--training.local_batch_size=4", "--optimizer.implementation=fused"],
     ),
     # CP's ring attention compiled, with its K/V exchanges reordered for overlap (the default).
     "fsdp2_cp2_compile_selective_op": (

@@ -48,18 +48,16 @@ LAYOUTS = {
         + ["--parallelism.pipeline_parallel_microbatch_size=1", "--training.local_batch_size=2"],
     ),
     "pp2_tp2_1f1b": (4, pp(2, "1F1B") + MB1 + ["--parallelism.tensor_parallel_degree=2"]),
-    "pp2_1f1b_chunked_loss": (2, pp(2, "1F1B") + MB1 + ["--training.loss_chunk_tokens=40"]),
     # The loss that writes the logits' gradient over the logits, on the last stage's microbatches.
     "pp2_1f1b_in_place_loss": (2, pp(2, "1F1B") + MB1 + ["--training.logits_loss=in_place"]),
-    # The last stage's head split over TP ranks by vocabulary rows, with the fused chunked loss.
-    "pp2_fsdp2_tp2_interleaved_chunked_loss": (
+    # PP x FSDP x TP: the last stage's head under loss parallel.
+    "pp2_fsdp2_tp2_interleaved": (
         8,
         pp(2, "Interleaved1F1B")
         + [
             "--parallelism.pipeline_parallel_microbatch_size=1",
             "--training.local_batch_size=4",
             "--parallelism.tensor_parallel_degree=2",
-            "--training.loss_chunk_tokens=40",
         ],
     ),
 }

@@ -1,4 +1,4 @@
-"""The row-sharded embedding (torchtitan/parallel/sharded_embedding.py) equals a lookup in the
+"""The row-sharded embedding (torchtitan/experimental/sharded_embedding.py) equals a lookup in the
 whole table, in value and in FSDP-averaged gradient, on 1-D and HSDP meshes, with uneven and
 empty shards (sharded_embedding_worker.py; fp32 gradients, so to fp32 rounding)."""
 

@@ -1,9 +1,9 @@
 """Validation parity: under every layout the validation loss is the single-process one.
 
 From the seed checkpoint, 2 training steps with a validation after each (2 batches of the held-out
-sample documents): FSDP2, TP2 (loss parallel; the fused chunked loss), PP2 (the forward-only
+sample documents): FSDP2, TP2 (loss parallel), PP2 (the forward-only
 stage walk of ``parallel/pipeline_eval.py`` for a single-stage, a looped and a V-shaped schedule)
-and FSDP2 x CP2 (with the fused chunked loss) must reproduce the single-process fp32 validation
+and FSDP2 x CP2 must reproduce the single-process fp32 validation
 losses and, since validating must not disturb training, its training losses.
 Every layout validates the same global windows: validation batch x data-parallel degree = 8.
 """
@@ -36,15 +36,6 @@ LAYOUTS = {
         2,
         ["--training.local_batch_size=8", "--parallelism.tensor_parallel_degree=2"],
     ),
-    # The fused chunked loss with the head split over TP ranks by vocabulary rows.
-    "tp2_chunked_loss": (
-        2,
-        [
-            "--training.local_batch_size=8",
-            "--parallelism.tensor_parallel_degree=2",
-            "--training.loss_chunk_tokens=48",
-        ],
-    ),
     "pp2_1f1b": (
         2,
         [
@@ -75,14 +66,10 @@ LAYOUTS = {
             "--parallelism.pipeline_parallel_microbatch_size=1",
         ],
     ),
-    # Data- and context-parallel ranks both in the loss reduction; the fused chunked loss.
-    "fsdp2_cp2_chunked_loss": (
+    # Data- and context-parallel ranks both in the loss reduction.
+    "fsdp2_cp2": (
         4,
-        [
-            "--training.local_batch_size=4",
-            "--parallelism.context_parallel_degree=2",
-            "--training.loss_chunk_tokens=48",
-        ],
+        ["--training.local_batch_size=4", "--parallelism.context_parallel_degree=2"],
     ),
 }
 

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
+from torchtitan.kernels.vocab_shard import vocab_sharded_operands
 from torchtitan.loss import IGNORE_INDEX, cross_entropy_sum, linear_cross_entropy_sum
-from torchtitan.parallel.vocab_parallel import vocab_sharded_operands
 
 BATCH, SEQ, DIM, VOCAB = 2, 36, 16, 53
 

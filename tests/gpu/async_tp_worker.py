@@ -23,8 +23,8 @@ from torch.distributed.tensor.parallel import parallelize_module
 
 from torchtitan.models.llama3 import model as llama
 from torchtitan.models.llama3.args import MODEL_FLAVORS
+from torchtitan.models.llama3.parallelize import block_tp_plan
 from torchtitan.parallel.compile import reorder_collectives_for_overlap
-from torchtitan.parallel.llama import llama_block_plan
 from torchtitan.parallel.tensor_parallel import enable_async_tp
 
 FUSED = ("fused_all_gather_matmul", "fused_matmul_reduce_scatter")
@@ -36,7 +36,7 @@ def block_and_input(mesh, seq: int, batch: int):
     args = MODEL_FLAVORS["1B"]
     torch.manual_seed(0)
     block = llama.TransformerBlock(0, args).to(device="cuda", dtype=torch.bfloat16)
-    parallelize_module(block, mesh, llama_block_plan())
+    parallelize_module(block, mesh, block_tp_plan())
     rope = llama.precompute_rope_cache(args.head_dim, seq).cuda()
     local = seq // mesh.size()
     x = torch.randn(batch, local, args.dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)

@@ -1,16 +1,9 @@
 """Async TP: does inductor's micro-pipeline pass replace TP's all-gather + matmul and matmul +
 reduce-scatter with fused symmetric-memory ops on these machines (NVLink multicast off)?
 
-History: measured 2026-11-26 on 2x H100 (torch 2.11), no fused op with or without registering
-the group for symmetric memory. The CPU probe of 2026-11-27 (tests/unit/test_async_tp_pass.py)
-found why: ``enable_async_tp`` did not register the TP group, which the pass requires (and the
-registered variant likely reused the unregistered variant's cached graph). Expected now, from the
-CPU probe: the reduce-scatters fused at any local batch, the all-gathers from local batch 2.
-Run with the fix on 2 of 4x H200 (2026-11-27, scripts/bench/call28.sh): passed at both batches,
-with those counts (docs/performance.md, finding 8). Since call 33 it also holds each variant's
-output and input gradient to the plain block's, and runs the plain block again last (the first
-variant's time includes warm-up). This version passed on 2x H200 in call 35
-(scripts/bench/call35.sh).
+It also holds each variant's output and input gradient to the plain block's, and runs the plain
+block again last (the first variant's time includes warm-up). It passed on 2x H200 with torch 2.11
+(2026-11-27): the reduce-scatters fused at any local batch, the all-gathers from local batch 2.
 """
 
 from __future__ import annotations
@@ -49,7 +42,7 @@ def test_async_tp_fuses_the_tp_collectives(batch):
     every = fused_counts(lines["async"], "all")
     assert every["fused_all_gather_matmul"] == 2 * gathers, every  # + the backward's
     for variant in ("async", "async_reorder", "sync_last"):
-        # bf16 values; a misassembled gather or scatter would be off by O(1). Seen in call 33:
+        # bf16 values; a misassembled gather or scatter would be off by O(1). Seen:
         # up to 2.4e-2 (batch 2, reordered), 6e-4 for the plain block run twice.
         diff = float(re.search(r"diff (\S+)", lines[variant]).group(1))
         assert diff < 5e-2, lines[variant]

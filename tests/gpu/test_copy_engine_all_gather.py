@@ -1,7 +1,7 @@
 """The copy-engine all-gather on GPUs (up to 4, NCCL, CUDA symmetric memory, bf16 mixed
 precision, FSDP's own streams): the same losses and weights, bit for bit, as NCCL's all-gather
 over three training steps of a 3-block model, FSDP and (on 4 GPUs) HSDP
-(tests/distributed/copy_engine_worker.py). The FSDP case passed on 4x H200 in call 49, before
+(tests/distributed/copy_engine_worker.py). The FSDP case passed on 4x H200, before
 the HSDP case was added."""
 
 from __future__ import annotations

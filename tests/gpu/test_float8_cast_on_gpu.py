@@ -1,4 +1,4 @@
-"""Our tensorwise float8 backward on a GPU (torchtitan/parallel/float8_matmul.py): the tiled
+"""Our tensorwise float8 backward on a GPU (torchtitan/float8/matmul.py): the tiled
 cast's Triton kernel and the one-pass cast of FSDP's float8 all-gather write the bits of
 torchao's cast, and two float8 linears with it compute
 what torchao's Float8Linear computes in eager, bit for bit, eager and compiled.
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(
 def test_kernel_writes_the_bits_of_torchaos_cast():
     from torchao.float8.float8_training_tensor import hp_tensor_and_scale_to_float8
 
-    from torchtitan.parallel.float8_transposed_cast import float8_cast_transposed
+    from torchtitan.float8.transposed_cast import float8_cast_transposed
 
     g = torch.Generator(device="cuda").manual_seed(0)
     x = (torch.randn(1000, 4100, device="cuda", generator=g) * 80).bfloat16()
@@ -40,11 +40,11 @@ def test_kernel_writes_the_bits_of_torchaos_cast():
 
 
 def test_flat_kernel_writes_the_bits_of_torchaos_cast():
-    """The one-pass cast of FSDP's float8 all-gather (torchtitan/parallel/float8_all_gather.py)
+    """The one-pass cast of FSDP's float8 all-gather (torchtitan/float8/all_gather.py)
     against torchao's eager cast, float32 and bf16 shards, a size no multiple of the block."""
     from torchao.float8.float8_training_tensor import hp_tensor_and_scale_to_float8
 
-    from torchtitan.parallel.float8_all_gather import cast_to_float8
+    from torchtitan.float8.all_gather import cast_to_float8
 
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(1000, 4100, device="cuda", generator=g) * 80
@@ -61,7 +61,7 @@ def test_flat_kernel_writes_the_bits_of_torchaos_cast():
 def linears(tiled: bool):
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-    from torchtitan.parallel.float8_matmul import Float8TensorwiseLinear
+    from torchtitan.float8.matmul import Float8TensorwiseLinear
 
     torch.manual_seed(0)
     torchao = torch.nn.Sequential(
@@ -78,7 +78,7 @@ def linears(tiled: bool):
 def compiled_as_trained(model):
     """``model`` compiled with the trainer's joint-graph pass, which recomputes our casts in the
     backward (float8_recompute.py; without AC the forward would run them otherwise)."""
-    from torchtitan.parallel.float8_recompute import recompute_float8_casts_in_backward
+    from torchtitan.float8.recompute import recompute_float8_casts_in_backward
 
     recompute_float8_casts_in_backward()
     return torch.compile(model)
@@ -108,13 +108,13 @@ def test_linear_matches_torchaos_float8_linear(compiled, tiled):
 
 
 def test_columnwise_cast_kernels_write_the_bits_of_torchaos_cast():
-    """Rowwise float8's column-wise cast (torchtitan/parallel/float8_rowwise_matmul.py): the
+    """Rowwise float8's column-wise cast (torchtitan/float8/rowwise_matmul.py): the
     column amax kernel and the per-column tiled cast against torchao's axiswise cast."""
     from torchao.float8.config import ScalingGranularity
     from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
     from torchao.float8.float8_training_tensor import LinearMMConfig
 
-    from torchtitan.parallel.float8_rowwise_matmul import float8_cast_columnwise
+    from torchtitan.float8.rowwise_matmul import float8_cast_columnwise
 
     g = torch.Generator(device="cuda").manual_seed(0)
     x = (torch.randn(3000, 4100, device="cuda", generator=g) * 80).bfloat16()
@@ -140,7 +140,7 @@ def test_columnwise_cast_kernels_write_the_bits_of_torchaos_cast():
 def test_rowwise_linear_matches_torchaos_float8_linear(compiled, input_cast):
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-    from torchtitan.parallel.float8_rowwise_matmul import Float8RowwiseLinear
+    from torchtitan.float8.rowwise_matmul import Float8RowwiseLinear
 
     torch.manual_seed(0)
     torchao = torch.nn.Sequential(

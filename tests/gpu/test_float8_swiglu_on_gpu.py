@@ -1,4 +1,4 @@
-"""The fused float8 SwiGLU backward on a GPU (torchtitan/parallel/float8_swiglu.py): its Triton
+"""The fused float8 SwiGLU backward on a GPU (torchtitan/experimental/float8_swiglu.py): its Triton
 kernels against the same operators' torch path (eager's own ops) on the same inputs, and a
 compiled float8 block with the fused feed-forward against the unfused one.
 
@@ -44,7 +44,7 @@ def neighbours_or_equal(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]
 @pytest.mark.parametrize("shape", [(4096, 8192), (1000, 3000)], ids=["aligned", "ragged"])
 @pytest.mark.parametrize("power_of_2", [False, True], ids=["exact", "pow2"])
 def test_kernels_match_the_torch_path(shape, power_of_2):
-    from torchtitan.parallel.float8_swiglu import (
+    from torchtitan.experimental.float8_swiglu import (
         _kernel_module,
         swiglu_float8_grad_amax,
         swiglu_float8_grad_cast,
@@ -61,7 +61,7 @@ def test_kernels_match_the_torch_path(shape, power_of_2):
     args = (got_amax, h_scale, E5M2, E4M3, power_of_2)
     got = swiglu_float8_grad_cast(dh, a1, a3, *args)
     with unittest.mock.patch(
-        "torchtitan.parallel.float8_swiglu._kernel_module", lambda *tensors: None
+        "torchtitan.experimental.float8_swiglu._kernel_module", lambda *tensors: None
     ):  # the torch path on the same GPU, from the same amaxes
         want = swiglu_float8_grad_cast(dh, a1, a3, *args)
     names = ["da1", "da1_t", "da3", "da3_t", "h_t"]
@@ -80,10 +80,11 @@ def three_blocks():
     """Block 0 of the 1B model in bf16 (FSDP's compute dtype), and copies of it with float8
     linears as the trainer converts them, the feed-forward unfused and fused."""
     from torchtitan.config import Float8
+    from torchtitan.experimental.float8_swiglu import fuse_swiglu
+    from torchtitan.float8.convert import apply_float8
     from torchtitan.models.llama3 import get_model_args
     from torchtitan.models.llama3 import model as llama
-    from torchtitan.parallel.float8 import apply_float8
-    from torchtitan.parallel.float8_swiglu import fuse_swiglu
+    from torchtitan.models.llama3.parallelize import LLAMA3
 
     torch.manual_seed(0)
     args = get_model_args("1B", n_layers=1, max_seq_len=2048)
@@ -92,7 +93,7 @@ def three_blocks():
         bf16.init_weights()
     bf16 = bf16.bfloat16()
     unfused = copy.deepcopy(bf16)
-    apply_float8(unfused, Float8(enable=True, filter_fqns=[]))
+    apply_float8(unfused, Float8(enable=True), tiled_cast=LLAMA3.float8_tiled_cast)
     fused = copy.deepcopy(unfused)
     assert fuse_swiglu(fused.feed_forward)
     return (bf16, unfused, fused), args
@@ -131,7 +132,7 @@ def test_compiled_block_with_the_fused_feed_forward_is_as_close_to_bf16_as_the_u
 def test_a_nan_gradient_gives_nan_amaxes_as_torch_does():
     """``tl.max`` skips NaN; the kernel keeps it, so a NaN scale spreads it as the unfused
     backward's ``torch.max`` does."""
-    from torchtitan.parallel.float8_swiglu import swiglu_float8_grad_amax
+    from torchtitan.experimental.float8_swiglu import swiglu_float8_grad_amax
 
     dh, a1, a3 = swiglu_inputs(1024, 1024)
     dh[5, 7] = float("nan")

@@ -64,7 +64,7 @@ def test_cached_decoding_matches_a_full_forward_on_gpu():
     # A cache bug (a position off, a missing mask) or a weight loaded wrongly moves the logits
     # by their own size. bf16 rounding through 6 blocks whose outputs random_model scales up
     # tenfold: 3.0 % of the largest logit against fp32 and < 0.005 % cached against full on an
-    # H200 (calls 105-109).
+    # H200.
     assert bf16_vs_fp32 < 0.1
     assert cached_vs_full < 0.05
     assert agree > 0.9
@@ -104,7 +104,7 @@ def test_the_cuda_graph_gives_the_eager_steps_logits(lengths):
         f"same argmax {same}/{len(agree)}"
     )
     # Both sum in float32 and round the probabilities to bf16, in different orders (1.94 % on an
-    # H200, calls 108-110); a wrong position or mask is off by the logits' own size.
+    # H200); a wrong position or mask is off by the logits' own size.
     assert max(errors) < 0.05
     assert same >= 0.9 * len(agree)
 

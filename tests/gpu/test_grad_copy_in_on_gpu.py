@@ -1,5 +1,6 @@
-"""FSDP2's gradient copy-in through our Triton kernel on a GPU (parallel/grad_copy_in.py): the same
-buffer, bit for bit, as FSDP's own for an 8B block's gradients at world sizes 1, 2, 4 and 8 and
+"""FSDP2's gradient copy-in through our Triton kernel on a GPU (experimental/grad_copy_in.py):
+the same buffer, bit for bit, as FSDP's own for an 8B block's gradients at world sizes 1, 2, 4 and
+8 and
 for the output head's at 1, 2 and 4; and three FSDP2 training steps of the debug model on a
 one-rank NCCL group give the same losses and weights, bit for bit, with either copy-in."""
 
@@ -13,8 +14,8 @@ import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from tests.unit.test_hf import random_model
+from torchtitan.experimental.grad_copy_in import FSDP_COPY_IN, copy_in, use_triton_grad_copy_in
 from torchtitan.models.llama3 import get_model_args
-from torchtitan.parallel.grad_copy_in import FSDP_COPY_IN, copy_in, use_triton_grad_copy_in
 
 
 @pytest.fixture(autouse=True)

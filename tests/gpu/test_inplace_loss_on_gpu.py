@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torchtitan.inplace_loss import IGNORE_INDEX, inplace_cross_entropy_sum
+from torchtitan.kernels.inplace_loss import IGNORE_INDEX, inplace_cross_entropy_sum
 
 VOCAB, DIM, TOKENS = 128256, 256, 4096
 
@@ -57,7 +57,7 @@ def test_a_vocabulary_shard_on_gpu():
     whole vocabulary's log-sum-exp the shard's slice of the whole gradient."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    from torchtitan import cross_entropy_kernels as kernels
+    from torchtitan.kernels import cross_entropy_kernels as kernels
 
     g = torch.Generator(device="cuda").manual_seed(1)
     logits = (torch.randn(TOKENS, VOCAB, device="cuda", generator=g) * 2).bfloat16()

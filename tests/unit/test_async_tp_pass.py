@@ -19,7 +19,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from torchtitan.models.llama3 import model as llama
 from torchtitan.models.llama3.args import get_model_args
-from torchtitan.parallel.llama import llama_block_plan
+from torchtitan.models.llama3.parallelize import block_tp_plan
 from torchtitan.parallel.tensor_parallel import enable_async_tp
 
 FUSED = ("fused_all_gather_matmul", "fused_matmul_reduce_scatter")
@@ -44,7 +44,7 @@ def fused_ops(mesh, local_batch: int) -> Counter:
     on a copy of each graph and the block itself runs unfused, through its backward."""
     args = get_model_args("debugmodel", max_seq_len=64)
     block = llama.TransformerBlock(0, args)
-    parallelize_module(block, mesh, llama_block_plan())
+    parallelize_module(block, mesh, block_tp_plan())
     rope = llama.precompute_rope_cache(args.head_dim, 64)
     x = torch.randn(local_batch, 32, args.dim, requires_grad=True)
     found = Counter()
@@ -87,7 +87,7 @@ def test_the_pass_fuses_our_tp_blocks_collectives(tp2_mesh, local_batch):
     (q/k/v, w1/w3), which the pass cannot split. At local batch 1 the all-gathers stay too: the
     gathered activation reaches the matmuls through two reshapes, and the pass follows one
     (torch 2.13). A pre-pass that fused them (commit 79be4d2) made a 1B TP block slower and 8B
-    training no faster on GPU, so it was dropped (docs/performance.md, finding 8)."""
+    training no faster on GPU, so it was dropped (docs/performance.md)."""
     enable_async_tp(tp2_mesh)
     gathers = "fused_all_gather_matmul" if local_batch > 1 else "all_gather_into_tensor"
     assert fused_ops(tp2_mesh, local_batch) == Counter(

@@ -23,7 +23,6 @@ from torchtitan.checkpoint import (  # noqa: E402
     save_seed_checkpoint,
 )
 from torchtitan.checkpoint.resume_changes import optimizer_changes  # noqa: E402
-from torchtitan.compiled_adamw import CompiledAdamW  # noqa: E402
 from torchtitan.config import (  # noqa: E402
     ASSETS,
     Checkpoint,
@@ -33,6 +32,7 @@ from torchtitan.config import (  # noqa: E402
     parse_args,
 )
 from torchtitan.data import Tokenizer, build_dataloader  # noqa: E402
+from torchtitan.experimental.compiled_adamw import CompiledAdamW  # noqa: E402
 from torchtitan.models.llama3 import ModelArgs, Transformer  # noqa: E402
 from torchtitan.optim import build_lr_scheduler, build_optimizer  # noqa: E402
 from torchtitan.parallel.activation_checkpoint import apply_ac  # noqa: E402
@@ -53,13 +53,19 @@ class Job:
     """A tiny training run: model, AdamW, LambdaLR, (optionally) the real data loader."""
 
     def __init__(
-        self, seed: int, tokenizer: Tokenizer | None = None, optimizer: Optimizer | None = None
+        self,
+        seed: int,
+        tokenizer: Tokenizer | None = None,
+        optimizer: Optimizer | None = None,
+        compiled_adamw: bool = False,
     ):
         torch.manual_seed(seed)
         self.model = Transformer(ARGS)
         self.model.init_weights()
         optimizer = optimizer or Optimizer(lr=1e-2)
-        self.optimizer = build_optimizer(self.model.parameters(), optimizer, "cpu")
+        # The compiled update is a CUDA switch; the device only gates it, the kernel runs on CPU.
+        device = "cuda" if compiled_adamw else "cpu"
+        self.optimizer = build_optimizer(self.model.parameters(), optimizer, device, compiled_adamw)
         self.scheduler = build_lr_scheduler(self.optimizer, 100, LRScheduler(warmup_steps=3))
         self.loader = None
         if tokenizer is not None:
@@ -189,13 +195,13 @@ def test_resume_keeps_this_runs_optimizer_settings_and_the_checkpoints_moments(t
 
 
 def test_a_checkpoint_resumes_under_the_compiled_optimizer_kernel(tmp_path):
-    """Same state layout: a foreach run's checkpoint continues under ``compiled`` (which keeps
-    its own kernel flags) as the foreach run itself continues, to fp32 rounding."""
+    """Same state layout: a foreach run's checkpoint continues under the compiled update (which
+    keeps its own kernel flags) as the foreach run itself continues, to fp32 rounding."""
     a = Job(0)
     a.train_and_save(a.manager(tmp_path, interval=2), 2)
     moments = optimizer_tensors(a)
     expected = a.train(2)
-    b = Job(1, optimizer=Optimizer(lr=1e-2, implementation="compiled"))
+    b = Job(1, optimizer=Optimizer(lr=1e-2), compiled_adamw=True)
     assert b.manager(tmp_path).load() == 2
     assert isinstance(b.optimizer, CompiledAdamW)
     assert b.optimizer.param_groups[0]["capturable"] and not b.optimizer.param_groups[0]["foreach"]

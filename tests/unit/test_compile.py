@@ -62,7 +62,7 @@ def test_first_block_input_is_cloned_only_when_asked():
 
 
 def test_in_place_compile_keeps_the_blocks_and_their_names_for_an_outer_checkpoint():
-    """``in_place``: what parallelize_llama does under TP with whole-block checkpointing, so
+    """``in_place``: what parallelize does under TP with whole-block checkpointing, so
     the checkpoint wrapper goes around the compiled block and DCP's names stay the plain ones."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
     from torch.distributed.checkpoint.state_dict import get_model_state_dict

@@ -239,7 +239,7 @@ def test_missing_config_file_names_the_path_looked_at(tmp_path, monkeypatch):
 
 
 def test_model_shape_overrides():
-    from torchtitan.models.llama3 import model_args_for_job
+    from torchtitan.models.llama3 import model_args_from_config
 
     cfg = parse_args(
         [
@@ -253,7 +253,7 @@ def test_model_shape_overrides():
             "--training.seq_len=96",
         ]
     )
-    args = model_args_for_job(cfg)
+    args = model_args_from_config(cfg.model, cfg.training.seq_len)
     assert (args.vocab_size, args.dim, args.n_layers, args.n_heads, args.n_kv_heads) == (
         5000,
         128,
@@ -262,14 +262,14 @@ def test_model_shape_overrides():
         2,
     )
     assert (args.ffn_dim_multiplier, args.rope_theta, args.max_seq_len) == (1.5, 10000.0, 96)
-    flavor = model_args_for_job(parse_args([]))
+    flavor = model_args_from_config(parse_args([]).model, 2048)
     assert (flavor.dim, flavor.vocab_size, flavor.n_layers) == (256, 4096, 6)  # 0 = the flavor's
 
 
 def test_bad_model_shape_names_the_overrides():
-    from torchtitan.models.llama3 import model_args_for_job
+    from torchtitan.models.llama3 import model_args_from_config
 
     with pytest.raises(
         ValueError, match=r"must be divisible.*\(flavor debugmodel with n_heads=7\)"
     ):
-        model_args_for_job(parse_args(["--model.n_heads=7"]))
+        model_args_from_config(parse_args(["--model.n_heads=7"]).model, 2048)

@@ -1,7 +1,8 @@
-"""Float8 training glue (torchtitan/parallel/float8.py) on CPU: config and device checks, which
+"""Float8 training glue (torchtitan/float8/convert.py) on CPU: config and device checks, which
 linears are converted, how close a float8 linear is to fp32, what selective AC keeps, and that
 parameter names, shapes and dtypes stay those of the plain model."""
 
+import collections
 import logging
 import sys
 import types
@@ -13,26 +14,24 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointPolicy
 
+from tests.unit.test_float8_backward import llama_float8
 from torchtitan.config import ConfigError, Float8, parse_args
-from torchtitan.loss import ChunkedLossHead, use_chunked_loss_head
-from torchtitan.metrics import MetricsLogger, StepStats
-from torchtitan.models.llama3 import Transformer, get_model_args
-from torchtitan.parallel.activation_checkpoint import _ops_to_save, _selective_policy, apply_ac
-from torchtitan.parallel.float8 import (
+from torchtitan.float8.convert import (
     apply_float8,
     check_float8,
     float8_device_problem,
-    float8_tp_plan,
     import_torchao_float8,
     is_float8_linear,
     recompute_must_round_like_forward,
-    too_small,
 )
-from torchtitan.parallel.llama import llama_block_plan
+from torchtitan.metrics import MetricsLogger, StepStats
+from torchtitan.models.llama3 import Transformer, get_model_args
+from torchtitan.models.llama3.parallelize import LLAMA3
+from torchtitan.parallel.activation_checkpoint import _ops_to_save, _selective_policy, apply_ac
 
 aten = torch.ops.aten
 LINEARS_PER_BLOCK = 7
-EMULATED = dict(enable=True, emulate=True, skip_small=False)
+EMULATED = dict(enable=True, emulate=True)
 
 
 def meta_model(flavor: str = "debugmodel", **overrides) -> Transformer:
@@ -40,12 +39,12 @@ def meta_model(flavor: str = "debugmodel", **overrides) -> Transformer:
         return Transformer(get_model_args(flavor, max_seq_len=32, **overrides))
 
 
-def cpu_model(**float8) -> Transformer:
+def cpu_model(shape: dict | None = None, **float8) -> Transformer:
     torch.manual_seed(0)
-    model = Transformer(get_model_args("debugmodel", max_seq_len=32))
+    model = Transformer(get_model_args("debugmodel", max_seq_len=32, **(shape or {})))
     model.init_weights()
     if float8:
-        apply_float8(model, Float8(**float8))
+        llama_float8(model, Float8(**float8))
     return model
 
 
@@ -53,9 +52,12 @@ def cpu_model(**float8) -> Transformer:
 
 
 def test_config_parses_and_suggests():
-    cfg = parse_args(["--float8.enable", "--float8.recipe", "rowwise", "--float8.filter_fqns="])
-    assert (cfg.float8.enable, cfg.float8.recipe, cfg.float8.filter_fqns) == (True, "rowwise", [])
-    assert Float8().filter_fqns == ["output"]
+    args = ["--float8.enable", "--float8.recipe", "rowwise", "--float8.filter_fqns=wo,w2"]
+    cfg = parse_args(args)
+    want = (True, "rowwise", ["wo", "w2"])
+    assert (cfg.float8.enable, cfg.float8.recipe, cfg.float8.filter_fqns) == want
+    assert Float8().filter_fqns == []  # the model family keeps its head (Llama: "output")
+    assert LLAMA3.float8_exclude == ("output",)
     with pytest.raises(ConfigError, match="did you mean 'rowwise'"):
         parse_args(["--float8.recipe", "rowwize"])
 
@@ -155,46 +157,52 @@ def test_missing_torchao_names_the_extra(monkeypatch):
 
 
 def test_debug_model_converts_every_block_linear_but_not_the_head():
-    conversion = apply_float8(model := meta_model(), Float8(**EMULATED))
+    conversion = llama_float8(model := meta_model(), Float8(**EMULATED))
     assert len(conversion.converted) == LINEARS_PER_BLOCK * model.args.n_layers
-    assert conversion.skipped == {"output": "filter_fqns"}
+    assert conversion.skipped == {"output": "the model keeps it"}
     assert not is_float8_linear(model.output)
     assert all(is_float8_linear(model.layers[i].feed_forward.w2) for i in model.layers)
+
+
+def test_filter_fqns_keep_more_linears_in_high_precision():
+    cfg = Float8(**EMULATED, filter_fqns=["attention.wo"])
+    conversion = llama_float8(model := meta_model(), cfg)
+    assert len(conversion.converted) == (LINEARS_PER_BLOCK - 1) * model.args.n_layers
+    assert conversion.skipped["layers.0.attention.wo"] == "filter_fqns"
+    assert conversion.skipped["output"] == "the model keeps it"
 
 
 def test_dims_not_divisible_by_16_are_skipped_and_listed_once(caplog):
     model = meta_model(multiple_of=2)  # SwiGLU hidden 682: w1, w2, w3 cannot be float8
     with caplog.at_level(logging.INFO, logger="torchtitan"):
-        conversion = apply_float8(model, Float8(**EMULATED))
+        conversion = llama_float8(model, Float8(**EMULATED))
     assert len(conversion.converted) == 4 * model.args.n_layers
     assert conversion.skipped["layers.5.feed_forward.w2"] == "682->256: dims not divisible by 16"
     (line,) = [r.getMessage() for r in caplog.records if "float8 (" in r.getMessage()]
     assert "layers.*.feed_forward.w1 (256->682: dims not divisible by 16)" in line
-    assert "output (filter_fqns)" in line
+    assert "output (the model keeps it)" in line
     assert "layers.0" not in line and line.count("w2") == 1
 
 
-def test_small_linears_are_skipped_with_skip_small():
-    # Llama 3 8B, tensorwise: wk and wv (4096 -> 1024) are too small to gain on their own.
-    assert len(apply_float8(meta_model("8B"), Float8(enable=True)).converted) == 7 * 32
-    conversion = apply_float8(model := meta_model("8B"), Float8(enable=True, skip_small=True))
-    assert len(conversion.converted) == 5 * model.args.n_layers
-    assert conversion.skipped["layers.31.attention.wv"] == "4096->1024: too small to gain"
-    assert too_small("tensorwise", 4096, 1024) and not too_small("tensorwise", 4096, 14336)
-    assert too_small("rowwise", 4096, 2048) and not too_small("rowwise", 4096, 4096)
+class LinearWithItsOwnForward(nn.Linear):
+    def forward(self, x):
+        return super().forward(x) * 2
 
 
-def test_a_head_with_its_own_forward_stays_in_high_precision():
-    # The fused loss's head computes the loss in its forward; a float8 swap would drop that.
-    use_chunked_loss_head(model := meta_model(), chunk_tokens=8)
-    conversion = apply_float8(model, Float8(**EMULATED, filter_fqns=[]))
-    assert conversion.skipped == {"output": "a ChunkedLossHead, not a plain nn.Linear"}
-    assert type(model.output) is ChunkedLossHead
+def test_a_linear_with_its_own_forward_stays_in_high_precision():
+    """A float8 swap replaces the class, so a subclass's own forward would be dropped."""
+    model = meta_model()
+    with torch.device("meta"):
+        model.output = LinearWithItsOwnForward(model.args.dim, model.args.vocab_size, bias=False)
+    conversion = apply_float8(model, Float8(**EMULATED))
+    assert conversion.skipped == {"output": "a LinearWithItsOwnForward, not a plain nn.Linear"}
+    assert type(model.output) is LinearWithItsOwnForward
 
 
 def test_nothing_converted_warns(caplog):
+    cfg = Float8(enable=True, filter_fqns=["attention", "feed_forward"])
     with caplog.at_level(logging.INFO, logger="torchtitan"):
-        assert apply_float8(meta_model(), Float8(enable=True, skip_small=True)).converted == []
+        assert llama_float8(meta_model(), cfg).converted == []
     assert any("no linear was converted" in r.getMessage() for r in caplog.records)
 
 
@@ -229,7 +237,7 @@ def linear_run(float8: Float8 | None) -> list[torch.Tensor]:
 
 def linear_errors(recipe: str, emulate: bool = True) -> dict[str, float]:
     """Relative L2 errors of a float8 linear's output and gradients against fp32."""
-    float8 = Float8(enable=True, recipe=recipe, emulate=emulate, skip_small=False)
+    float8 = Float8(enable=True, recipe=recipe, emulate=emulate)
     errors = map(relative_error, linear_run(float8), linear_run(None))
     return dict(zip(("output", "grad_input", "grad_weight"), errors))
 
@@ -271,8 +279,8 @@ def test_emulate_matches_the_scaled_mm_kernel():
     """--float8.emulate (torchao's emulate=True) runs the same casts and does the matmul in fp32
     on the dequantized values; torch's CPU _scaled_mm kernel (torch >= 2.13) agrees to fp32
     rounding for tensorwise (measured 1.1e-7). (Its rowwise path differs by 1.6e-3.)"""
-    emulated = linear_run(Float8(enable=True, emulate=True, skip_small=False))
-    kernel = linear_run(Float8(enable=True, emulate=False, skip_small=False))
+    emulated = linear_run(Float8(enable=True, emulate=True))
+    kernel = linear_run(Float8(enable=True, emulate=False))
     for a, b in zip(emulated, kernel):
         assert relative_error(a, b) < 1e-6
 
@@ -281,38 +289,44 @@ def test_emulate_matches_the_scaled_mm_kernel():
 
 
 class CountOps(TorchDispatchMode):
-    def __init__(self, ops):
+    def __init__(self):
         super().__init__()
-        self.ops, self.count = ops, 0
+        self.counts = collections.Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func in self.ops
+        self.counts[func] += 1
         return func(*args, **(kwargs or {}))
 
 
-def backward_ops(ops, mode: str, save_matmuls: str = "all", emulate: bool = False) -> int:
-    model = cpu_model(enable=True, emulate=emulate, skip_small=False)
+# Two narrow blocks: the counts follow the block's structure, not its width, and torch's CPU
+# _scaled_mm is a slow reference kernel (about 0.2 s for a 64 x 256 x 768 matmul).
+NARROW = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=1)
+
+
+def backward_ops(mode: str, save_matmuls: str = "all", emulate: bool = False):
+    """How often each aten op runs in the backward of the narrow model under AC ``mode``."""
+    model = cpu_model(NARROW, enable=True, emulate=emulate)
     apply_ac(model, mode, "op", save_matmuls=save_matmuls)
     loss = model(torch.randint(model.args.vocab_size, (2, 32))).float().square().mean()
-    with CountOps(ops) as counter:
+    with CountOps() as counter:
         loss.backward()
-    return counter.count
+    return counter.counts
 
 
 @pytest.mark.parametrize("emulate", [True, pytest.param(False, marks=needs_cpu_scaled_mm)])
 def test_selective_op_keeps_float8_matmuls_and_amax_outputs(emulate):
     """SAC sees torchao's float8 matmul as aten.mm on float8 tensors (the _scaled_mm runs inside
     the tensor subclass; the same under compile) and the casts' amax as aten.max."""
-    n_layers = get_model_args("debugmodel").n_layers
-    mm, amax = {aten.mm.default}, {aten.max.default}
-    no_ac = backward_ops(mm, "none", emulate=emulate)
-    assert no_ac == 2 * LINEARS_PER_BLOCK * n_layers + 2
-    assert backward_ops(mm, "selective", emulate=emulate) == no_ac
-    assert backward_ops(mm, "selective", "alternate", emulate=emulate) == no_ac + 3 * n_layers
+    n_layers = NARROW["n_layers"]
+    mm, amax = aten.mm.default, aten.max.default
+    no_ac = backward_ops("none", emulate=emulate)
+    assert no_ac[mm] == 2 * LINEARS_PER_BLOCK * n_layers + 2
+    selective = backward_ops("selective", emulate=emulate)
+    assert selective[mm] == no_ac[mm]
+    assert backward_ops("selective", "alternate", emulate=emulate)[mm] == no_ac[mm] + 3 * n_layers
     # backward computes the amax of its own casts only: the forward's are kept
-    no_ac_amax = backward_ops(amax, "none", emulate=emulate)
-    assert backward_ops(amax, "selective", emulate=emulate) == no_ac_amax
-    assert backward_ops(amax, "full", emulate=emulate) > no_ac_amax
+    assert selective[amax] == no_ac[amax] > 0
+    assert backward_ops("full", emulate=emulate)[amax] > no_ac[amax]
 
 
 def test_scaled_mm_counts_as_a_matmul_for_alternate():
@@ -326,63 +340,7 @@ def test_scaled_mm_counts_as_a_matmul_for_alternate():
     assert policy(ctx, aten.max.default) == CheckpointPolicy.MUST_SAVE
 
 
-# --------------------------------------------------------------------------- TP and metrics
-
-
-def test_float8_tp_styles_only_when_asked_for_tensorwise_on_cuda_with_every_linear_float8():
-    converted = meta_model()
-    apply_float8(converted, Float8(**EMULATED))
-    asked = dict(EMULATED, tp_float8_all_gather=True, tp_shard_scales=False)
-    assert float8_tp_plan(converted, Float8(**asked), "cuda")
-    assert not float8_tp_plan(converted, Float8(**EMULATED), "cuda")  # the default: plain styles
-    assert not float8_tp_plan(converted, Float8(**asked), "cpu")  # gloo: no float8 all-gather
-    assert not float8_tp_plan(converted, Float8(**asked, recipe="rowwise"), "cuda")
-    partly = meta_model(multiple_of=2)
-    apply_float8(partly, Float8(**EMULATED))
-    assert not float8_tp_plan(partly, Float8(**asked), "cuda")
-    assert not float8_tp_plan(meta_model(), Float8(tp_float8_all_gather=True), "cuda")
-
-
-def test_block_plan_with_float8_styles():
-    from torchao.float8.float8_tensor_parallel import (
-        Float8ColwiseParallel,
-        Float8RowwiseParallel,
-        PrepareFloat8ModuleInput,
-    )
-
-    plan, plain = llama_block_plan(float8=True), llama_block_plan()
-    assert plan.keys() == plain.keys()
-    assert isinstance(plan["attention"], PrepareFloat8ModuleInput)
-    assert isinstance(plan["attention.wq"], Float8ColwiseParallel)
-    assert isinstance(plan["feed_forward.w2"], Float8RowwiseParallel)
-    assert plan["feed_forward.w2"].output_layouts == plain["feed_forward.w2"].output_layouts
-    assert not isinstance(plain["attention.wq"], Float8ColwiseParallel)
-
-
-def test_float8_tp_styles_run_the_llama_plan_on_a_one_rank_mesh(tmp_path):
-    """gloo cannot all-gather float8 across ranks, but on a one-rank mesh torchao's float8 styles
-    run the whole plan on CPU: the casts before the (trivial) all-gather, the rope cache passed
-    through, the float8 gradient casts. Same loss and gradients as without TP."""
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from torchtitan.parallel.llama import llama_root_plan
-    from torchtitan.parallel.tensor_parallel import apply_tp
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
-    try:
-        reference, tp = cpu_model(**EMULATED), cpu_model(**EMULATED)
-        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
-        apply_tp(tp, mesh, llama_root_plan(False), llama_block_plan(float8=True))
-        tokens = torch.randint(tp.args.vocab_size, (2, 32))
-        losses = [m(tokens).float().square().mean() for m in (reference, tp)]
-        for loss in losses:
-            loss.backward()
-        assert losses[0].item() == pytest.approx(losses[1].item(), rel=1e-6)
-        grads = [m.layers["0"].attention.wq.weight.grad for m in (reference, tp)]
-        torch.testing.assert_close(grads[1].full_tensor(), grads[0])
-    finally:
-        dist.destroy_process_group()
+# --------------------------------------------------------------------------- metrics
 
 
 def test_mfu_is_labelled_with_its_bf16_basis(monkeypatch, caplog):

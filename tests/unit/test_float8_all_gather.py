@@ -1,5 +1,5 @@
 """FSDP's float8 all-gather with our one-kernel weight cast
-(torchtitan/parallel/float8_all_gather.py) on CPU, emulated, one-rank gloo FSDP2: which weights
+(torchtitan/float8/all_gather.py) on CPU, emulated, one-rank gloo FSDP2: which weights
 get it, that FSDP's shards keep it, that it trains bit for bit as torchao's wrapper does, and that
 checkpoints hold plain tensors. The kernel's bits on a GPU: tests/gpu/test_float8_cast_on_gpu.py."""
 
@@ -12,17 +12,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
+from tests.unit.test_float8_backward import llama_float8
 from torchtitan.config import Float8
+from torchtitan.float8.convert import plain_weights, precompute_float8_scales
 from torchtitan.models.llama3 import Transformer, get_model_args
-from torchtitan.parallel.float8 import apply_float8, plain_weights, precompute_float8_scales
 
-GATHER = Float8(
-    enable=True,
-    emulate=True,
-    skip_small=False,
-    fsdp_float8_all_gather=True,
-    precompute_scales=True,
-)
+GATHER = Float8(enable=True, emulate=True, fsdp_float8_all_gather=True, precompute_scales=True)
 
 
 @pytest.fixture
@@ -38,7 +33,7 @@ def sharded_model(cfg: Float8, mesh):
     torch.manual_seed(0)
     model = Transformer(get_model_args("debugmodel", max_seq_len=32))
     model.init_weights()
-    conversion = apply_float8(model, cfg, fsdp_sharded=True)
+    conversion = llama_float8(model, cfg, fsdp_sharded=True)
     apply_fsdp(model, mesh, param_dtype=torch.bfloat16)
     return model, conversion
 
@@ -66,8 +61,8 @@ def local_weights(model) -> dict[str, torch.Tensor]:
 
 
 def test_fsdp_shards_keep_our_wrapper_and_gather_through_our_cast(one_rank, monkeypatch):
-    from torchtitan.parallel import float8_all_gather
-    from torchtitan.parallel.float8_all_gather import Float8AllGatherWeight
+    from torchtitan.float8 import all_gather as float8_all_gather
+    from torchtitan.float8.all_gather import Float8AllGatherWeight
 
     calls = []
     cast = float8_all_gather.cast_to_float8
@@ -87,9 +82,14 @@ def test_fsdp_shards_keep_our_wrapper_and_gather_through_our_cast(one_rank, monk
     )
 
 
-def test_trains_bit_for_bit_as_torchaos_wrapper(one_rank):
-    torchao_cfg = dataclasses.replace(GATHER, fused_all_gather_cast=False)
-    want = train_steps(sharded_model(torchao_cfg, one_rank)[0], torchao_cfg)
+def test_trains_bit_for_bit_as_torchaos_wrapper(one_rank, monkeypatch):
+    from torchtitan.float8 import all_gather as float8_all_gather
+
+    with monkeypatch.context() as torchaos:  # torchao's wrapper and cast
+        torchaos.setattr(float8_all_gather, "use_fused_all_gather_cast", lambda model: 0)
+        model, conversion = sharded_model(GATHER, one_rank)
+        assert conversion.fused_all_gather_casts == 0
+        want = train_steps(model, GATHER)
     got = train_steps(sharded_model(GATHER, one_rank)[0], GATHER)
     assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
 
@@ -100,7 +100,7 @@ def test_not_used_without_precomputed_scales(one_rank):
 
 
 def test_checkpoints_hold_the_plain_weights(one_rank):
-    from torchtitan.parallel.float8_all_gather import Float8AllGatherWeight
+    from torchtitan.float8.all_gather import Float8AllGatherWeight
 
     model, _ = sharded_model(GATHER, one_rank)
     state = plain_weights(model.state_dict())

@@ -1,4 +1,4 @@
-"""Our tensorwise float8 backward (torchtitan/parallel/float8_matmul.py) on CPU, emulated: the bits
+"""Our tensorwise float8 backward (torchtitan/float8/matmul.py) on CPU, emulated: the bits
 of torchao's Float8Linear, eager and compiled; which linears get it; falling back to torchao's
 function; and what the compiled block keeps for the backward (the memory claim of
 docs/float8.md)."""
@@ -17,19 +17,41 @@ from torch._inductor.fx_passes.joint_graph import joint_graph_passes
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from torchtitan.config import Float8
+from torchtitan.float8.convert import apply_float8, import_torchao_float8
 from torchtitan.models.llama3 import Transformer, get_model_args
 from torchtitan.models.llama3 import model as llama
+from torchtitan.models.llama3.parallelize import LLAMA3
 from torchtitan.parallel.activation_checkpoint import apply_ac
-from torchtitan.parallel.float8 import apply_float8, import_torchao_float8
 
-EMULATED = Float8(enable=True, emulate=True, skip_small=False)
+EMULATED = Float8(enable=True, emulate=True)
 NORM_FED = ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3")
+
+
+def llama_float8(model: nn.Module, cfg: Float8, fsdp_sharded: bool = False, **family):
+    """``apply_float8`` as the composition calls it for Llama: the head kept in high precision
+    and the norm-fed linears' input cast tiled (``family`` overrides either)."""
+    family = {
+        "model_exclude": LLAMA3.float8_exclude,
+        "tiled_cast": LLAMA3.float8_tiled_cast,
+        **family,
+    }
+    return apply_float8(model, cfg, fsdp_sharded, **family)
+
+
+def torchaos_backward(model: nn.Module) -> nn.Module:
+    """``model``'s float8 linears back to torchao's ``Float8Linear`` (its backward, its
+    function), the reference our backwards are checked against."""
+    ao = import_torchao_float8()
+    for module in model.modules():
+        if isinstance(module, ao.float8_linear.Float8Linear):
+            module.__class__ = ao.float8_linear.Float8Linear
+    return model
 
 
 def two_linears(tiled: bool | None):
     """Two float8 linears in a row: torchao's backward (``tiled`` None) or ours."""
     ao = import_torchao_float8()
-    from torchtitan.parallel.float8_matmul import Float8TensorwiseLinear
+    from torchtitan.float8.matmul import Float8TensorwiseLinear
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 96, bias=False), nn.Linear(96, 32, bias=False))
@@ -69,7 +91,7 @@ def test_the_cast_operator_is_torchaos_cast_transposed(dtype):
     import_torchao_float8()
     from torchao.float8.float8_training_tensor import hp_tensor_and_scale_to_float8
 
-    from torchtitan.parallel.float8_transposed_cast import float8_cast_transposed
+    from torchtitan.float8.transposed_cast import float8_cast_transposed
 
     x = (torch.randn(100, 72, generator=torch.Generator().manual_seed(0)) * 300).bfloat16()
     x[0, :3] = torch.tensor([float("inf"), -1e6, 0.0])
@@ -86,48 +108,63 @@ def meta_model() -> Transformer:
         return Transformer(get_model_args("debugmodel", max_seq_len=32))
 
 
-def block_linears(cfg: Float8) -> dict[str, nn.Module]:
+def block_linears(cfg: Float8, **family) -> dict[str, nn.Module]:
     model = meta_model()
-    apply_float8(model, cfg)
+    llama_float8(model, cfg, **family)
     return {fqn: m for fqn, m in model.layers["0"].named_modules() if isinstance(m, nn.Linear)}
 
 
 def test_every_tensorwise_linear_gets_our_backward_and_the_norm_fed_ones_the_tiled_cast():
-    from torchtitan.parallel.float8_matmul import Float8TensorwiseLinear
+    from torchtitan.float8.matmul import Float8TensorwiseLinear
 
     linears = block_linears(EMULATED)
     assert all(type(m) is Float8TensorwiseLinear for m in linears.values())
     tiled = {fqn for fqn, m in linears.items() if m.tiled_input_cast}
     assert tiled == set(NORM_FED)
-    narrowed = block_linears(dataclasses.replace(EMULATED, tiled_cast_fqns=["w1"]))
+    narrowed = block_linears(EMULATED, tiled_cast=["w1"])
     assert {fqn for fqn, m in narrowed.items() if m.tiled_input_cast} == {"feed_forward.w1"}
 
 
 def test_the_conversion_line_names_the_tiled_linears():
-    summary = apply_float8(meta_model(), EMULATED).summary(EMULATED)
+    summary = llama_float8(meta_model(), EMULATED).summary(EMULATED)
     tiled = ", ".join(f"layers.*.{name}" for name in NORM_FED)
     assert summary.endswith(f"; our tensorwise backward, input cast tiled in: {tiled}")
-    off = dataclasses.replace(EMULATED, own_backward=False)
-    assert "backward" not in apply_float8(meta_model(), off).summary(off)
+    other = dataclasses.replace(EMULATED, recipe="rowwise_with_gw_hp")
+    assert "backward" not in llama_float8(meta_model(), other).summary(other)
 
 
-@pytest.mark.parametrize(
-    "changes",
-    [{"own_backward": False}, {"recipe": "rowwise_with_gw_hp"}],
-    ids=["turned off", "rowwise_with_gw_hp"],
-)
-def test_torchaos_backward_when_turned_off_or_not_tensorwise(changes):
+def test_torchaos_backward_when_not_tensorwise():
     ao = import_torchao_float8()
-    linears = block_linears(dataclasses.replace(EMULATED, **changes))
+    linears = block_linears(dataclasses.replace(EMULATED, recipe="rowwise_with_gw_hp"))
     assert all(type(m) is ao.float8_linear.Float8Linear for m in linears.values())
 
 
+def test_a_linear_told_so_runs_torchaos_function(monkeypatch):
+    """``own_backward = False`` on a linear of ours sends its matmul to torchao's function."""
+    from torchtitan.float8 import matmul as float8_matmul
+
+    calls = []
+    original = float8_matmul.matmul_with_hp_or_float8_args.apply
+    monkeypatch.setattr(
+        float8_matmul.matmul_with_hp_or_float8_args,
+        "apply",
+        lambda *args: calls.append(args) or original(*args),
+    )
+    linear = two_linears(tiled=True)[0]
+    linear(torch.randn(4, 64))
+    assert not calls
+    linear.own_backward = False
+    linear(torch.randn(4, 64))
+    assert len(calls) == 1
+
+
 def test_inputs_already_in_float8_go_to_torchaos_function(monkeypatch):
-    """TP's float8 styles hand the linears float8 activations: torchao's function takes those."""
+    """An activation already in float8 (as torchao's float8 TP styles would hand it): torchao's
+    function takes it."""
     import torchao.float8.float8_linear as ao_linear
     from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
 
-    from torchtitan.parallel import float8_matmul
+    from torchtitan.float8 import matmul as float8_matmul
 
     calls = []
     original = ao_linear.matmul_with_hp_or_float8_args.apply
@@ -145,18 +182,24 @@ def test_inputs_already_in_float8_go_to_torchaos_function(monkeypatch):
 
 
 def saved_for_backward(
-    cfg: Float8, ac: str, op: str = "float8_cast_transposed", fused_swiglu: bool = False
+    cfg: Float8,
+    ac: str,
+    op: str = "float8_cast_transposed",
+    fused_swiglu: bool = False,
+    torchao: bool = False,
 ) -> dict[str, int]:
     """Compile one debug-model block (inductor's joint-graph passes and partitioner, no inductor
-    codegen; ``fused_swiglu``: its feed-forward as one float8 function): the bytes of the
-    storages the forward keeps for the backward (a view of a kept tensor costs nothing more) and
-    where the calls of operator ``op`` run."""
+    codegen; ``fused_swiglu``: its feed-forward as one float8 function; ``torchao``: torchao's
+    float8 backward): the bytes of the storages the forward keeps for the backward (a view of a
+    kept tensor costs nothing more) and where the calls of operator ``op`` run."""
     torch.manual_seed(0)
     with torch.device("meta"):
         model = Transformer(get_model_args("debugmodel", max_seq_len=256))
-    apply_float8(model, cfg)
+    llama_float8(model, cfg)
+    if torchao:
+        torchaos_backward(model)
     if fused_swiglu:
-        from torchtitan.parallel.float8_swiglu import use_fused_swiglu
+        from torchtitan.experimental.float8_swiglu import use_fused_swiglu
 
         use_fused_swiglu(model)
     apply_ac(model, ac, "op", save_matmuls="alternate")
@@ -211,7 +254,7 @@ def test_what_the_compiled_block_keeps_for_the_backward(ac):
     they read), and the forward keeps what torchao's backward keeps, give or take its scalar
     scales."""
     ours = saved_for_backward(EMULATED, ac)
-    torchao = saved_for_backward(dataclasses.replace(EMULATED, own_backward=False), ac)
+    torchao = saved_for_backward(EMULATED, ac, torchao=True)
     assert (ours["forward casts"], ours["backward casts"]) == (0, 2)
     assert 0 <= ours["saved"] - torchao["saved"] <= 64
     assert torchao["forward casts"] == torchao["backward casts"] == 0
@@ -228,10 +271,10 @@ def test_our_backward_runs_under_fsdp_float8_all_gather_and_tp_shard_scales(
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from torchtitan.parallel import float8_matmul
-    from torchtitan.parallel.float8_tp import scale_float8_by_shard
+    from torchtitan.float8 import matmul as float8_matmul
+    from torchtitan.float8.tp import scale_float8_by_shard
+    from torchtitan.models.llama3.parallelize import block_tp_plan, root_tp_plan
     from torchtitan.parallel.fsdp import apply_fsdp
-    from torchtitan.parallel.llama import llama_block_plan, llama_root_plan
     from torchtitan.parallel.tensor_parallel import apply_tp
 
     calls = {"ours": 0, "torchao": 0}
@@ -257,11 +300,11 @@ def test_our_backward_runs_under_fsdp_float8_all_gather_and_tp_shard_scales(
         mesh = init_device_mesh("cpu", (1,))
         if layout == "fsdp":
             cfg = dataclasses.replace(EMULATED, fsdp_float8_all_gather=True)
-            apply_float8(model, cfg, fsdp_sharded=True)
+            llama_float8(model, cfg, fsdp_sharded=True)
             apply_fsdp(model, mesh, param_dtype=torch.bfloat16)
         else:
-            apply_float8(model, EMULATED)
-            apply_tp(model, mesh, llama_root_plan(False), llama_block_plan())
+            llama_float8(model, EMULATED)
+            apply_tp(model, mesh, root_tp_plan(False), block_tp_plan())
             scale_float8_by_shard(model)
         model(torch.randint(256, (2, 32))).float().square().mean().backward()
     finally:

@@ -1,5 +1,5 @@
 """The joint-graph pass that recomputes our float8 casts in the backward
-(torchtitan/parallel/float8_recompute.py): which nodes it marks, how it installs, and what the
+(torchtitan/float8/recompute.py): which nodes it marks, how it installs, and what the
 compiled AC-off block would keep without it."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import torch._inductor.config as inductor_config
 from torch.utils.checkpoint import CheckpointPolicy
 
 from tests.unit.test_float8_backward import EMULATED, saved_for_backward
-from torchtitan.parallel import float8_recompute
-from torchtitan.parallel.float8 import import_torchao_float8
-from torchtitan.parallel.float8_recompute import (
+from torchtitan.float8 import recompute as float8_recompute
+from torchtitan.float8.convert import import_torchao_float8
+from torchtitan.float8.recompute import (
     RecomputeFloat8Casts,
     recompute_float8_casts_in_backward,
 )
@@ -91,7 +91,7 @@ def test_without_the_pass_the_ac_off_block_keeps_more(monkeypatch, recipe):
     """What the pass saves, on the debug model's block (512 tokens x 256, 768 hidden), no AC:
     without it the partitioner keeps the tensorwise norm outputs' float8 casts (1 byte per
     element of both norm outputs), and for rowwise the casts' bf16 inputs (2 bytes each)."""
-    cfg = dataclasses.replace(EMULATED, recipe=recipe, filter_fqns=[])
+    cfg = dataclasses.replace(EMULATED, recipe=recipe)
     op = "float8_cast_transposed" if recipe == "tensorwise" else "float8_cast_columnwise"
     with_pass = saved_for_backward(cfg, "none", op=op)
     monkeypatch.setattr(inductor_config, "joint_custom_pre_pass", None)

@@ -1,4 +1,4 @@
-"""Our rowwise float8 backward (torchtitan/parallel/float8_rowwise_matmul.py) on CPU, emulated:
+"""Our rowwise float8 backward (torchtitan/float8/rowwise_matmul.py) on CPU, emulated:
 the column-wise cast operator is torchao's cast; its kernels' scales are torchao's under Triton's
 interpreter; a float8 block computes torchao's bits, eager, compiled and under selective
 checkpointing; which linears get it; the fallbacks."""
@@ -13,16 +13,15 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tests.unit.test_float8_backward import saved_for_backward
+from tests.unit.test_float8_backward import saved_for_backward, torchaos_backward
 from tests.unit.triton_interpreter import run_under_interpreter
 from torchtitan.config import Float8
+from torchtitan.float8.convert import apply_float8, import_torchao_float8
 from torchtitan.models.llama3 import Transformer, get_model_args
 from torchtitan.models.llama3 import model as llama
 from torchtitan.parallel.activation_checkpoint import apply_ac
-from torchtitan.parallel.float8 import apply_float8, import_torchao_float8
 
-ROWWISE = Float8(enable=True, emulate=True, recipe="rowwise", filter_fqns=[])
-TORCHAO = dataclasses.replace(ROWWISE, own_backward=False)
+ROWWISE = Float8(enable=True, emulate=True, recipe="rowwise")
 
 
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
@@ -33,7 +32,7 @@ def test_the_columnwise_cast_is_torchaos(dtype, power_of_2):
     from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
     from torchao.float8.float8_training_tensor import LinearMMConfig
 
-    from torchtitan.parallel.float8_rowwise_matmul import float8_cast_columnwise
+    from torchtitan.float8.rowwise_matmul import float8_cast_columnwise
 
     x = (torch.randn(100, 72, generator=torch.Generator().manual_seed(0)) * 300).bfloat16()
     x[0, :3] = torch.tensor([float("inf"), -1e6, 0.0])
@@ -56,7 +55,7 @@ def test_the_columnwise_cast_is_torchaos(dtype, power_of_2):
 KERNEL_SCALES_CHECK = """
 import torch
 from torchao.float8.float8_utils import amax_to_scale
-from torchtitan.parallel import float8_cast_kernel as k
+from torchtitan.float8 import cast_kernel as k
 
 x = (torch.randn(300, 410, generator=torch.Generator().manual_seed(0)) * 80).bfloat16()
 x[0, :3] = torch.tensor([float("inf"), -1e6, 0.0])
@@ -85,20 +84,22 @@ def test_the_cast_kernel_computes_torchaos_scales_under_the_interpreter():
 
 
 def test_the_operator_passes_torchs_checks():
-    from torchtitan.parallel.float8_rowwise_matmul import float8_cast_columnwise
+    from torchtitan.float8.rowwise_matmul import float8_cast_columnwise
 
     x = torch.randn(16, 24).bfloat16()
     torch.library.opcheck(float8_cast_columnwise, (x, torch.float8_e4m3fn, True))
 
 
-def block(cfg: Float8, ac: bool, input_cast: bool) -> nn.Module:
+def block(cfg: Float8, ac: bool, input_cast: bool, torchao: bool = False) -> nn.Module:
     """The first block of the debug model, float8 as the trainer converts it (``input_cast``:
-    the inputs' column-wise cast ours, as the trainer's; otherwise torchao's) and checkpointed as
-    the trainer's selective AC does."""
+    the inputs' column-wise cast ours, as the trainer's; otherwise torchao's; ``torchao``:
+    torchao's backward) and checkpointed as the trainer's selective AC does."""
     torch.manual_seed(0)
     with torch.device("meta"):
         model = Transformer(get_model_args("debugmodel", max_seq_len=64))
     apply_float8(model, cfg)
+    if torchao:
+        torchaos_backward(model)
     for module in model.modules():
         if hasattr(module, "columnwise_input_cast"):
             module.columnwise_input_cast = input_cast
@@ -127,8 +128,8 @@ def test_a_block_computes_torchaos_bits(compiled, input_cast):
     rowwise under selective AC), so the bits must agree."""
     with unittest.mock.patch("torch._inductor.config.emulate_precision_casts", True):
         results = []
-        for cfg in (TORCHAO, ROWWISE):
-            model = block(cfg, ac=compiled, input_cast=input_cast)
+        for torchao in (True, False):
+            model = block(ROWWISE, ac=compiled, input_cast=input_cast, torchao=torchao)
             results.append(step(torch.compile(model) if compiled else model))
     for i, (want, got) in enumerate(zip(*results)):
         assert torch.equal(got, want), i
@@ -142,7 +143,7 @@ def meta_linears(cfg: Float8) -> list[nn.Module]:
 
 
 def test_every_rowwise_linear_gets_our_backward_and_the_log_says_so():
-    from torchtitan.parallel.float8_rowwise_matmul import Float8RowwiseLinear
+    from torchtitan.float8.rowwise_matmul import Float8RowwiseLinear
 
     with torch.device("meta"):
         model = Transformer(get_model_args("debugmodel", max_seq_len=32))
@@ -165,19 +166,15 @@ def test_the_input_casts_run_in_the_backward_and_keep_no_more_than_torchaos(ac):
     gradient casts, and the inputs of 4 (the norm outputs are shared by wq/wk/wv and by w1/w3,
     so their casts are one each)."""
     ours = saved_for_backward(ROWWISE, ac, op="float8_cast_columnwise")
-    torchao = saved_for_backward(TORCHAO, ac, op="float8_cast_columnwise")
+    torchao = saved_for_backward(ROWWISE, ac, op="float8_cast_columnwise", torchao=True)
     assert (ours["forward casts"], ours["backward casts"]) == (0, 7 + 4)
     assert torchao["forward casts"] == torchao["backward casts"] == 0
     assert ours["saved"] - torchao["saved"] <= 64
 
 
-@pytest.mark.parametrize(
-    "cfg",
-    [TORCHAO, dataclasses.replace(ROWWISE, recipe="rowwise_with_gw_hp")],
-    ids=["turned off", "rowwise_with_gw_hp"],
-)
-def test_torchaos_backward_when_turned_off_or_another_recipe(cfg):
+def test_torchaos_backward_for_rowwise_with_gw_hp():
     ao = import_torchao_float8()
+    cfg = dataclasses.replace(ROWWISE, recipe="rowwise_with_gw_hp")
     assert all(type(m) is ao.float8_linear.Float8Linear for m in meta_linears(cfg))
 
 
@@ -186,7 +183,7 @@ def test_inputs_already_in_float8_go_to_torchaos_function(monkeypatch):
     from torchao.float8.config import ScalingGranularity
     from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
 
-    from torchtitan.parallel import float8_rowwise_matmul
+    from torchtitan.float8 import rowwise_matmul as float8_rowwise_matmul
 
     linear = block(ROWWISE, ac=False, input_cast=True).feed_forward.w1
     calls = []
@@ -217,7 +214,7 @@ def test_ours_runs_under_fsdp(tmp_path, monkeypatch):
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from torchtitan.parallel import float8_rowwise_matmul
+    from torchtitan.float8 import rowwise_matmul as float8_rowwise_matmul
     from torchtitan.parallel.fsdp import apply_fsdp
 
     calls = {"ours": 0, "torchao": 0}

@@ -1,7 +1,8 @@
-"""The fused float8 SwiGLU feed-forward (torchtitan/parallel/float8_swiglu.py) on CPU, emulated:
-a block with it trains bit for bit like the unfused block, eager and compiled; which
-feed-forwards get it; its operators pass torch's checks; its kernels' layout and scales under
-Triton's interpreter; and what the compiled block keeps for the backward."""
+"""The fused float8 SwiGLU feed-forward (torchtitan/experimental/float8_swiglu.py, switched on by
+``--experimental.float8_fused_swiglu``) on CPU, emulated: a block with it trains bit for bit like
+the unfused block, eager and compiled; which feed-forwards get it and when the composition fuses
+them; its operators pass torch's checks; its kernels' layout and scales under Triton's
+interpreter; and what the compiled block keeps for the backward."""
 
 from __future__ import annotations
 
@@ -12,23 +13,22 @@ import unittest.mock
 import pytest
 import torch
 
-from tests.unit.test_float8_backward import saved_for_backward
+from tests.unit.test_float8_backward import llama_float8, saved_for_backward
 from tests.unit.triton_interpreter import run_under_interpreter
-from torchtitan.config import Float8
+from torchtitan.config import Float8, JobConfig
 from torchtitan.models.llama3 import Transformer, get_model_args
 from torchtitan.models.llama3 import model as llama
-from torchtitan.parallel.float8 import apply_float8, fuses_swiglu
 
-EMULATED = Float8(enable=True, emulate=True, skip_small=False)
+EMULATED = Float8(enable=True, emulate=True)
 
 
-def block(fused: bool, cfg: Float8 = EMULATED):
-    from torchtitan.parallel.float8_swiglu import use_fused_swiglu
+def block(fused: bool, cfg: Float8 = EMULATED, **family):
+    from torchtitan.experimental.float8_swiglu import use_fused_swiglu
 
     torch.manual_seed(0)
     with torch.device("meta"):
         model = Transformer(get_model_args("debugmodel", max_seq_len=64))
-    apply_float8(model, cfg)
+    llama_float8(model, cfg, **family)
     if fused:
         assert use_fused_swiglu(model) == len(model.layers)
     first = model.layers["0"].to_empty(device="cpu")
@@ -57,64 +57,82 @@ def step(model, compiled: bool) -> list[torch.Tensor]:
 def test_the_fused_block_computes_the_unfused_bits(compiled, tiled):
     """The torch path of the operators is eager autograd's own ops, so the outputs and every
     gradient are the unfused block's bit for bit (compiled: both rounding like eager), with the
-    block input's transposed cast tiled (the default) or not (``tiled_cast_fqns`` empty)."""
-    cfg = EMULATED if tiled is None else dataclasses.replace(EMULATED, tiled_cast_fqns=tiled)
+    block input's transposed cast tiled (Llama's default) or not (no tiled-cast linears)."""
+    family = {} if tiled is None else {"tiled_cast": tiled}
     with unittest.mock.patch("torch._inductor.config.emulate_precision_casts", True):
-        want = step(block(fused=False, cfg=cfg), compiled)
-        got = step(block(fused=True, cfg=cfg), compiled)
+        want = step(block(fused=False, **family), compiled)
+        got = step(block(fused=True, **family), compiled)
     names = ["out", "x.grad"] + [name for name, _ in block(False).named_parameters()]
     for name, w, g in zip(names, want, got):
         assert torch.equal(g, w), name
 
 
+def switched_on(**float8) -> JobConfig:
+    cfg = JobConfig()
+    cfg.float8 = dataclasses.replace(EMULATED, **float8)
+    cfg.experimental.float8_fused_swiglu = True
+    return cfg
+
+
 @pytest.mark.parametrize(
-    "changes, tp, fused",
+    "cfg, tp, problem",
     [
-        ({}, 1, True),
-        ({}, 2, False),
-        ({"fused_swiglu": False}, 1, False),
-        ({"own_backward": False}, 1, False),
-        ({"recipe": "rowwise"}, 1, False),
+        (switched_on(), 1, None),
+        (switched_on(), 2, "does not run under TP"),
+        (switched_on(recipe="rowwise"), 1, "needs --float8.enable with recipe tensorwise"),
+        (switched_on(enable=False), 1, "needs --float8.enable with recipe tensorwise"),
     ],
-    ids=["default", "under TP", "turned off", "torchao's backward", "rowwise"],
+    ids=["tensorwise", "under TP", "rowwise", "float8 off"],
 )
-def test_when_the_trainer_fuses_the_feed_forwards(changes, tp, fused):
-    assert fuses_swiglu(dataclasses.replace(EMULATED, **changes), tp) is fused
+def test_the_switch_runs_with_tensorwise_float8_without_tp(cfg, tp, problem):
+    from torchtitan.experimental import Where, experimental_problem
+
+    where = Where(on_gpu=False, tp=tp, pp=1, fsdp_degree=1, data_parallel=False)
+    got = experimental_problem(cfg, where, gpus_per_node=1)
+    assert got == problem if problem is None else problem in got
 
 
-def test_only_feed_forwards_of_three_float8_linears_are_fused():
-    from torchtitan.parallel.float8_swiglu import FusedFloat8SwiGLU, use_fused_swiglu
+def test_only_feed_forwards_of_three_float8_linears_of_ours_are_fused():
+    from torchtitan.experimental.float8_swiglu import FusedFloat8SwiGLU, use_fused_swiglu
 
     fused = block(fused=True)
     assert isinstance(fused.feed_forward, FusedFloat8SwiGLU)
     assert isinstance(fused.feed_forward, llama.FeedForward)  # still the model's module
     with torch.device("meta"):
         model = Transformer(get_model_args("debugmodel", max_seq_len=64))
-    apply_float8(model, dataclasses.replace(EMULATED, filter_fqns=["output", "w2"]))
+    llama_float8(model, dataclasses.replace(EMULATED, filter_fqns=["w2"]))
     assert use_fused_swiglu(model) == 0
-
-
-def test_the_trainers_composition_fuses_the_feed_forwards_without_tp():
-    from torchtitan.config import JobConfig, Parallelism
-    from torchtitan.parallel.dims import ParallelDims
-    from torchtitan.parallel.float8_swiglu import FusedFloat8SwiGLU
-    from torchtitan.parallel.llama import parallelize_llama
-
-    cfg = JobConfig()
-    cfg.float8 = EMULATED
     with torch.device("meta"):
         model = Transformer(get_model_args("debugmodel", max_seq_len=64))
-    parallelize_llama(model, ParallelDims.from_config(Parallelism(), 1), cfg, "cpu")
+    llama_float8(model, EMULATED)
+    model.layers["0"].feed_forward.w2.own_backward = False  # torchao's function
+    assert use_fused_swiglu(model) == len(model.layers) - 1
+
+
+@pytest.mark.parametrize("switch", [False, True], ids=["default", "switched on"])
+def test_the_composition_fuses_the_feed_forwards_only_when_switched_on(switch):
+    from torchtitan.config import Parallelism
+    from torchtitan.experimental.float8_swiglu import FusedFloat8SwiGLU
+    from torchtitan.models.llama3.parallelize import LLAMA3
+    from torchtitan.parallel.compose import parallelize
+    from torchtitan.parallel.dims import ParallelDims
+
+    cfg = switched_on()
+    cfg.experimental.float8_fused_swiglu = switch
+    assert not JobConfig().experimental.float8_fused_swiglu  # off by default
+    with torch.device("meta"):
+        model = Transformer(get_model_args("debugmodel", max_seq_len=64))
+    parallelize(model, LLAMA3, ParallelDims.from_config(Parallelism(), 1), cfg, "cpu")
     fused = [isinstance(b.feed_forward, FusedFloat8SwiGLU) for b in model.layers.values()]
-    assert fused == [True] * len(model.layers)
+    assert fused == [switch] * len(model.layers)
 
 
 def test_inputs_already_in_float8_run_the_unfused_forward(monkeypatch):
-    """TP's float8 styles would hand the feed-forward a float8 input: the unfused forward
-    (whose linears take it) runs, not the fused function."""
+    """A float8 input (as torchao's float8 TP styles would hand it): the unfused forward (whose
+    linears take it) runs, not the fused function."""
     from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
 
-    from torchtitan.parallel import float8_swiglu
+    from torchtitan.experimental import float8_swiglu
 
     calls = []
     monkeypatch.setattr(
@@ -129,7 +147,10 @@ def test_inputs_already_in_float8_run_the_unfused_forward(monkeypatch):
 
 
 def test_the_operators_pass_torchs_checks():
-    from torchtitan.parallel.float8_swiglu import swiglu_float8_grad_amax, swiglu_float8_grad_cast
+    from torchtitan.experimental.float8_swiglu import (
+        swiglu_float8_grad_amax,
+        swiglu_float8_grad_cast,
+    )
 
     gen = torch.Generator().manual_seed(0)
     dh, a1, a3 = (torch.randn(24, 40, generator=gen).bfloat16() for _ in range(3))
@@ -142,8 +163,8 @@ def test_the_operators_pass_torchs_checks():
 KERNELS_CHECK = """
 import torch
 from torchao.float8.float8_utils import amax_to_scale
-from torchtitan.parallel import float8_swiglu_kernel as kernel
-from torchtitan.parallel.float8_swiglu import swiglu_float8_grad_amax, swiglu_float8_grad_cast
+from torchtitan.experimental import float8_swiglu_kernel as kernel
+from torchtitan.experimental.float8_swiglu import swiglu_float8_grad_amax, swiglu_float8_grad_cast
 
 gen = torch.Generator().manual_seed(0)
 dh, a1, a3 = ((torch.randn(100, 72, generator=gen) * s).bfloat16() for s in (1e-3, 3.0, 2.0))

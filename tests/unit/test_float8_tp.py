@@ -1,4 +1,4 @@
-"""Float8 linears that scale their TP shards on their own (torchtitan/parallel/float8_tp.py), on
+"""Float8 linears that scale their TP shards on their own (torchtitan/float8/tp.py), on
 a one-rank gloo mesh: the plain TP plan runs with them, gives the loss and gradients of the model
 without TP (one shard is the whole tensor, so the scales are the same), and casts without the
 amax reduction of a TP-sharded tensor (on more ranks, each such reduction is an all-reduce; a
@@ -12,15 +12,15 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from torchtitan.config import ConfigError, Float8, parse_args
+from tests.unit.test_float8_backward import llama_float8
+from torchtitan.config import Float8
+from torchtitan.float8.shard_scaled import local_layout
+from torchtitan.float8.tp import scale_float8_by_shard, scales_tp_shards
 from torchtitan.models.llama3 import Transformer, get_model_args
-from torchtitan.parallel.float8 import apply_float8
-from torchtitan.parallel.float8_shard_scaled import local_layout
-from torchtitan.parallel.float8_tp import scale_float8_by_shard, scales_tp_shards
-from torchtitan.parallel.llama import llama_block_plan, llama_root_plan
+from torchtitan.models.llama3.parallelize import block_tp_plan, root_tp_plan
 from torchtitan.parallel.tensor_parallel import apply_tp
 
-EMULATED = dict(enable=True, emulate=True, skip_small=False)
+EMULATED = dict(enable=True, emulate=True)
 LINEARS = 7 * 6  # debug model: 7 per block, 6 blocks
 
 
@@ -37,9 +37,9 @@ def float8_model(mesh=None, shard_scales=False) -> Transformer:
     torch.manual_seed(0)
     model = Transformer(get_model_args("debugmodel", max_seq_len=32))
     model.init_weights()
-    apply_float8(model, Float8(**EMULATED))
+    llama_float8(model, Float8(**EMULATED))
     if mesh is not None:
-        apply_tp(model, mesh, llama_root_plan(False), llama_block_plan())
+        apply_tp(model, mesh, root_tp_plan(False), block_tp_plan())
     if shard_scales:
         assert scale_float8_by_shard(model) == LINEARS
     return model
@@ -99,18 +99,8 @@ def test_layouts_of_column_and_row_parallel_linears(tp_mesh):
     assert local_layout(dt((2, 3, 4), Replicate()), dt((8, 4), Replicate())) is None
 
 
-def test_float8_tp_styles_need_whole_tensor_scales():
-    assert Float8().tp_shard_scales  # the default
-    with pytest.raises(ConfigError, match="tp_float8_all_gather needs --float8.tp_shard_scales"):
-        parse_args(["--float8.enable", "--float8.tp_float8_all_gather"])
-    cfg = parse_args(
-        ["--float8.enable", "--float8.tp_float8_all_gather", "--float8.tp_shard_scales=false"]
-    )
-    assert cfg.float8.tp_float8_all_gather and not cfg.float8.tp_shard_scales
-
-
 def test_shard_scales_are_for_the_tensorwise_recipe():
     assert scales_tp_shards(Float8(enable=True))
     assert not scales_tp_shards(Float8(enable=True, recipe="rowwise"))
-    assert not scales_tp_shards(Float8(enable=True, tp_shard_scales=False))
+    assert not scales_tp_shards(Float8(enable=True, recipe="rowwise_with_gw_hp"))
     assert not scales_tp_shards(Float8())

@@ -9,9 +9,9 @@ import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
+from torchtitan.experimental.sharded_embedding import RowShardedEmbedding, shard_embedding_rows
 from torchtitan.models.llama3 import ModelArgs, Transformer
-from torchtitan.parallel.fsdp import apply_fsdp, shard_embedding_rows
-from torchtitan.parallel.sharded_embedding import RowShardedEmbedding
+from torchtitan.parallel.fsdp import apply_fsdp
 
 
 def test_blocks_get_bf16_activations_and_the_float32_rope_cache(tmp_path):

@@ -1,5 +1,6 @@
-"""FSDP2's reduce-scatter copy-in through our Triton kernel (torchtitan/parallel/grad_copy_in.py):
-the same buffer, bit for bit, as FSDP's own ``foreach_reduce_scatter_copy_in`` (torch's
+"""FSDP2's reduce-scatter copy-in through our Triton kernel
+(torchtitan/experimental/grad_copy_in.py): the same buffer, bit for bit, as FSDP's own
+``foreach_reduce_scatter_copy_in`` (torch's
 ``_chunk_cat``), for bf16 -> float32 (the training case), float32 -> float32, bf16 -> bf16 and
 float32 -> bf16 (a rounding cast, left to FSDP's own function), world sizes 1,
 2 and 4, and gradients of 1 to 3 dimensions; FSDP's own for what the kernel does not take; and
@@ -15,11 +16,11 @@ import torch
 from torch.distributed.fsdp._fully_shard import _fsdp_collectives
 
 from tests.unit.triton_interpreter import run_under_interpreter
-from torchtitan.parallel import grad_copy_in
+from torchtitan.experimental import grad_copy_in
 
 CHECK = """
 import torch
-from torchtitan.parallel.grad_copy_in import FSDP_COPY_IN, copy_in
+from torchtitan.experimental.grad_copy_in import FSDP_COPY_IN, copy_in
 
 gen = torch.Generator().manual_seed(0)
 shapes = [(8, 6), (4, 6), (12,), (16, 3, 2)]
@@ -75,7 +76,7 @@ def test_only_exact_casts_go_to_the_kernel(monkeypatch):
 def test_the_grid_puts_the_long_dimension_first():
     """The 8B head's 525 M gradients over 4 ranks: 128,256 blocks of 1,024 per rank, more than a
     CUDA grid's second dimension takes (65,535); they go along the first."""
-    from torchtitan.parallel.grad_copy_in_kernel import grid
+    from torchtitan.experimental.grad_copy_in_kernel import grid
 
     assert grid(128256 * 4096 // 4, 4, 1024) == (128256, 4)
     with pytest.raises(ValueError, match="exceed a CUDA grid"):

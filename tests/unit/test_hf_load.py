@@ -153,7 +153,9 @@ WORKER = textwrap.dedent(
     from torch.distributed.device_mesh import init_device_mesh
     from torchtitan.models.llama3 import ModelArgs, Transformer
     from torchtitan.checkpoint.hf_load import load_hf_weights
-    from torchtitan.parallel import apply_fsdp, apply_tp, llama_block_plan, llama_root_plan
+    from torchtitan.parallel import apply_fsdp
+    from torchtitan.parallel import apply_tp
+    from torchtitan.models.llama3.parallelize import block_tp_plan, root_tp_plan
 
     hf_dir, expected_file, device = sys.argv[1], sys.argv[2], sys.argv[3]
     if device == "cuda":
@@ -183,7 +185,7 @@ WORKER = textwrap.dedent(
             if layout == "fsdp":  # bf16 mixed precision; the sharded parameters stay fp32
                 apply_fsdp(parts[0], mesh)
             else:
-                apply_tp(parts[0], mesh, llama_root_plan(), llama_block_plan())
+                apply_tp(parts[0], mesh, root_tp_plan(), block_tp_plan())
         elif layout == "pipeline":  # 2 stages: stage r on rank r
             parts = [stage(rank)]
         else:  # 2 FSDP-sharded parts per rank, as a looped schedule has

@@ -441,9 +441,9 @@ def test_fault_attempt_matches_only_that_restart(monkeypatch):
 def _fused_model_and_optimizer(implementation: str = "fused"):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
-    optimizer = build_optimizer(
-        model.parameters(), Optimizer(lr=0.1, implementation=implementation), "cpu"
-    )
+    compiled = implementation == "compiled"  # the experimental switch (CUDA; runs on CPU)
+    cfg = Optimizer(lr=0.1, implementation="fused" if compiled else implementation)
+    optimizer = build_optimizer(model.parameters(), cfg, "cuda" if compiled else "cpu", compiled)
     model(torch.randn(2, 4)).sum().backward()
     return model, optimizer
 

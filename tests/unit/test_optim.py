@@ -85,7 +85,9 @@ def test_optimizer_implementations_agree(name, impl):
     results = []
     for variant in ["for-loop", impl]:
         p = torch.nn.Parameter(ref.clone())
-        opt = build_optimizer([p], Optimizer(name=name, lr=0.1, implementation=variant), "cpu")
+        compiled = variant == "compiled"  # the experimental switch (a CUDA one; runs on CPU too)
+        cfg = Optimizer(name=name, lr=0.1, implementation="foreach" if compiled else variant)
+        opt = build_optimizer([p], cfg, "cuda" if compiled else "cpu", compiled_adamw=compiled)
         for _ in range(3):
             p.grad = p.detach() * 2
             opt.step()

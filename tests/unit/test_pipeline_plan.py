@@ -7,10 +7,10 @@ import torch
 import torch.nn as nn
 
 from torchtitan.models.llama3 import ModelArgs, Transformer, get_model_args
+from torchtitan.models.llama3.parallelize import LLAMA3
 from torchtitan.parallel.activation_checkpoint import apply_ac
 from torchtitan.parallel.blocks import BlockOnAnotherStage, block_items
 from torchtitan.parallel.fsdp import apply_fsdp
-from torchtitan.parallel.llama import LLAMA_BLOCKS, LLAMA_INPUT_MODULES, LLAMA_OUTPUT_MODULES
 from torchtitan.parallel.pipeline import (
     balanced_split,
     build_stage_module,
@@ -182,9 +182,9 @@ def test_stage_names_must_exist():
 
 
 def test_generic_defaults_are_llamas_names():
-    """The helpers' defaults and llama.py name the same modules."""
+    """The helpers' defaults and Llama's family declaration name the same modules."""
     fsdp = inspect.signature(apply_fsdp).parameters
     stage = inspect.signature(build_stage_module).parameters
-    assert fsdp["blocks_attr"].default == stage["blocks_attr"].default == LLAMA_BLOCKS
-    assert fsdp["input_group"].default == stage["input_modules"].default == LLAMA_INPUT_MODULES
-    assert fsdp["output_group"].default == stage["output_modules"].default == LLAMA_OUTPUT_MODULES
+    assert fsdp["blocks_attr"].default == stage["blocks_attr"].default == LLAMA3.blocks_attr
+    assert fsdp["input_group"].default == stage["input_modules"].default == LLAMA3.input_modules
+    assert fsdp["output_group"].default == stage["output_modules"].default == LLAMA3.output_modules

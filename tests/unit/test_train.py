@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from torchtitan.config import parse_args
-from torchtitan.inplace_loss import inplace_cross_entropy_sum
+from torchtitan.kernels.inplace_loss import inplace_cross_entropy_sum
 from torchtitan.loss import cross_entropy_sum
 from torchtitan.train import Trainer
 
@@ -98,26 +98,14 @@ def test_activation_checkpointing_keeps_loss_and_grads(tmp_path, mode, option, m
         torch.testing.assert_close(checkpointed[name], grad, rtol=1e-5, atol=1e-7)
 
 
-def test_chunked_loss_matches_the_logits_loss(tmp_path):
-    plain = make_trainer(tmp_path / "plain", "--training.steps=3")
-    chunked = make_trainer(
-        tmp_path / "chunked", "--training.steps=3", "--training.loss_chunk_tokens=50"
-    )
-    assert chunked.model.defer_head and not plain.model.defer_head
-    expected, got = plain.train(), chunked.train()
-    plain.close()
-    chunked.close()
-    assert got == pytest.approx(expected, rel=1e-5)
-
-
 def test_in_place_loss_matches_the_standard_loss(tmp_path):
     """--training.logits_loss in_place (the torch path on CPU) trains as F.cross_entropy does."""
     standard = make_trainer(tmp_path / "standard", "--training.steps=3")
     in_place = make_trainer(
         tmp_path / "in_place", "--training.steps=3", "--training.logits_loss=in_place"
     )
-    assert standard.summed_loss.logits_loss is cross_entropy_sum  # auto on CPU: standard
-    assert in_place.summed_loss.logits_loss is inplace_cross_entropy_sum
+    assert standard.summed_loss is cross_entropy_sum  # auto on CPU: standard
+    assert in_place.summed_loss is inplace_cross_entropy_sum
     expected, got = standard.train(), in_place.train()
     standard.close()
     in_place.close()

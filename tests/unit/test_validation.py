@@ -119,16 +119,6 @@ def test_training_is_unchanged_and_metrics_are_written(tmp_path):
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3]
 
 
-def test_chunked_loss_gives_the_same_validation_loss(tmp_path):
-    plain = make_trainer(tmp_path / "plain", *VALIDATE)
-    chunked = make_trainer(tmp_path / "chunked", *VALIDATE, "--training.loss_chunk_tokens=50")
-    expected, got = plain.validator.run()["val_loss"], chunked.validator.run()["val_loss"]
-    assert got == pytest.approx(expected, rel=1e-6)
-    assert all(p.grad is None for p in chunked.model.parameters())
-    plain.close()
-    chunked.close()
-
-
 def test_validation_data_smaller_than_a_batch_fails_at_start(tmp_path):
     tiny = tmp_path / "tiny.jsonl"
     tiny.write_text(json.dumps({"text": "only a few words"}) + "\n")

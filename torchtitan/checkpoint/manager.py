@@ -31,7 +31,12 @@ from torchtitan.checkpoint.folders import (
 )
 from torchtitan.checkpoint.resume_changes import describe_changes, describe_optimizer_changes
 from torchtitan.checkpoint.safe_io import load_safely, read_state_names
-from torchtitan.checkpoint.states import GLOBAL_STATES, TrainState, training_states
+from torchtitan.checkpoint.states import (
+    GLOBAL_STATES,
+    StateTransform,
+    TrainState,
+    training_states,
+)
 from torchtitan.config import Checkpoint
 from torchtitan.dtypes import dtype_from_name
 
@@ -45,6 +50,7 @@ class CheckpointManager:
     unique across them). ``optimizers`` and ``lr_schedulers``: one per part (or none).
     ``dataloader``: a StatefulDataLoader whose state is identical on every rank (rank 0's is
     saved). ``train_state``: the loop's ``TrainState``; one is created when omitted.
+    ``plain_weights``: maps a part's model state dict to the tensors saved (see ``ModelState``).
     """
 
     def __init__(
@@ -57,12 +63,18 @@ class CheckpointManager:
         lr_schedulers: Any = (),
         dataloader: Any = None,
         train_state: TrainState | None = None,
+        plain_weights: StateTransform | None = None,
     ):
         self.cfg = cfg
         self.folder = Path(dump_folder) / cfg.folder
         self.train_state = train_state if train_state is not None else TrainState()
         self.states = training_states(
-            model_parts, optimizers, lr_schedulers, dataloader, self.train_state
+            model_parts,
+            optimizers,
+            lr_schedulers,
+            dataloader,
+            self.train_state,
+            plain_weights=plain_weights or (lambda state: state),
         )
         self._consensus = Consensus()
         self._folders = StepFolders(self.folder, cfg.keep_latest_k)

@@ -27,7 +27,6 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from torchtitan.config import ExcludableState, choices
 from torchtitan.optim import apply_schedule_lr, resume_lr_scheduler
-from torchtitan.parallel.float8 import plain_weights
 
 STATES = ("model", *choices(ExcludableState))
 # Identical on every rank by design, so rank 0 alone writes them (one copy, rank-independent).
@@ -58,17 +57,28 @@ class TrainState(Stateful):
         self.saved_settings = dict(state_dict.get("settings", {}))
 
 
-class ModelState(Stateful):
-    """Every model part's parameters and buffers, by FQN (clean: no compile/AC wrapper names)."""
+StateTransform = Callable[[dict[str, Any]], dict[str, Any]]
 
-    def __init__(self, parts: list[nn.Module]):
+
+def _unchanged(state: dict[str, Any]) -> dict[str, Any]:
+    return state
+
+
+class ModelState(Stateful):
+    """Every model part's parameters and buffers, by FQN (clean: no compile/AC wrapper names).
+
+    ``plain_weights`` maps a part's state dict to the tensors to save, sharing their storage
+    (Float8 passes ``torchtitan.float8.plain_weights``: no torchao wrapper class is pickled)."""
+
+    def __init__(self, parts: list[nn.Module], plain_weights: StateTransform = _unchanged):
         self.parts = parts
+        self.plain_weights = plain_weights
         self._keys: list[list[str]] | None = None
 
     def state_dict(self) -> dict[str, Any]:
         merged, self._keys = {}, []
         for part in self.parts:
-            state = plain_weights(get_model_state_dict(part))  # no float8 wrapper saved
+            state = self.plain_weights(get_model_state_dict(part))
             self._keys.append(list(state))
             merged.update(state)
         return merged
@@ -182,6 +192,7 @@ def training_states(
     lr_schedulers: Any = (),
     dataloader: Any = None,
     train_state: TrainState | None = None,
+    plain_weights: StateTransform = _unchanged,
 ) -> dict[str, Stateful]:
     """The states of a training run, by checkpoint key (in ``STATES`` order; absent ones left out).
 
@@ -194,7 +205,7 @@ def training_states(
         raise ValueError(f"{len(optimizers)} optimizers for {len(parts)} model parts")
     if lr_schedulers and len(lr_schedulers) != len(optimizers):
         raise ValueError(f"{len(lr_schedulers)} lr schedulers for {len(optimizers)} optimizers")
-    states: dict[str, Stateful] = {"model": ModelState(parts)}
+    states: dict[str, Stateful] = {"model": ModelState(parts, plain_weights)}
     if optimizers:
         states["optimizer"] = OptimizerState(parts, optimizers)
     if lr_schedulers:

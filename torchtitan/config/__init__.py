@@ -9,7 +9,8 @@ aliases of ``base.py``: that alias is the only list of its values (other modules
 with one line. The package imports no other project module but ``paths``.
 
     base.py      Literal aliases, choices, suggest, ConfigError, opt, Section
-    sections.py  the [section] dataclasses
+    sections.py  the [section] dataclasses of the job, model, data, checkpoints and logs
+    scaling.py   the [section] dataclasses of parallelism, AC, compile, float8, experimental
     job.py       JobConfig: all sections, checks across them, to_toml
     parse.py     TOML + CLI reading, coercion, --help, parse_args
 """
@@ -23,8 +24,6 @@ from torchtitan.config.base import (
     ExcludableState,
     ExportDtype,
     Float8Recipe,
-    FsdpAllGather,
-    FsdpGradCopyIn,
     LogitsLoss,
     MixedPrecisionDtype,
     ModelName,
@@ -42,19 +41,22 @@ from torchtitan.config.base import (
 )
 from torchtitan.config.job import JobConfig
 from torchtitan.config.parse import help_text, parse_args
+from torchtitan.config.scaling import (
+    ActivationCheckpoint,
+    Compile,
+    Experimental,
+    Float8,
+    Parallelism,
+)
 from torchtitan.config.sections import (
     MODEL_SHAPE_KEYS,
-    ActivationCheckpoint,
     Checkpoint,
     Comm,
-    Compile,
-    Float8,
     Job,
     LRScheduler,
     Metrics,
     Model,
     Optimizer,
-    Parallelism,
     Profiling,
     Training,
     Validation,
@@ -72,11 +74,10 @@ __all__ = [
     "ConfigError",
     "DecayType",
     "ExcludableState",
+    "Experimental",
     "ExportDtype",
     "Float8",
     "Float8Recipe",
-    "FsdpAllGather",
-    "FsdpGradCopyIn",
     "LogitsLoss",
     "Job",
     "JobConfig",

@@ -5,6 +5,7 @@ values; other modules import them, see ``choices``), the one "did you mean", ``C
 from __future__ import annotations
 
 import difflib
+import re
 import typing
 from collections.abc import Iterable
 from dataclasses import field
@@ -17,7 +18,7 @@ ASSETS = Path(__file__).resolve().parents[1] / "assets"
 
 ModelName = Literal["llama3"]
 OptimizerName = Literal["AdamW", "Adam"]
-OptimizerImplementation = Literal["auto", "fused", "compiled", "foreach", "for-loop"]
+OptimizerImplementation = Literal["auto", "fused", "foreach", "for-loop"]
 DecayType = Literal["linear", "cosine", "none"]
 MixedPrecisionDtype = Literal["bfloat16", "float32"]
 NonFinitePolicy = Literal["stop", "skip"]
@@ -33,8 +34,6 @@ PipelineSchedule = Literal[
     "CSV",
 ]
 ReshardAfterForward = Literal["default", "always", "never"]
-FsdpAllGather = Literal["auto", "nccl", "copy_engines"]
-FsdpGradCopyIn = Literal["triton", "torch"]
 LogitsLoss = Literal["auto", "in_place", "standard"]
 AsyncMode = Literal["disabled", "async", "async_with_pinned_mem"]
 ExcludableState = Literal["optimizer", "lr_scheduler", "dataloader", "train_state"]
@@ -91,14 +90,20 @@ def _literal_values(tp) -> tuple[str, ...] | None:
     return typing.get_args(tp) if typing.get_origin(tp) is Literal else None
 
 
+def section_key(section_cls: type) -> str:
+    """The TOML/CLI name of a section class: ``LRScheduler`` -> ``lr_scheduler`` (JobConfig's
+    fields are named so; a test holds them to it)."""
+    return re.sub(
+        r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", section_cls.__name__
+    ).lower()
+
+
 class Section:
     """Base of the config sections: ``validate()`` checks every ``Literal`` field's value (also
     one set in Python, which no parser saw); sections with more checks extend it."""
 
     def validate(self) -> None:
-        from torchtitan.config.job import section_name  # the sections are JobConfig's fields
-
-        section = section_name(type(self))
+        section = section_key(type(self))
         for name, tp in typing.get_type_hints(type(self)).items():
             allowed = _literal_values(tp)
             if allowed is None:

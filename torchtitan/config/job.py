@@ -7,18 +7,21 @@ import typing
 from dataclasses import dataclass, field
 
 from torchtitan.config.base import _toml_value
-from torchtitan.config.sections import (
+from torchtitan.config.scaling import (
     ActivationCheckpoint,
+    Compile,
+    Experimental,
+    Float8,
+    Parallelism,
+)
+from torchtitan.config.sections import (
     Checkpoint,
     Comm,
-    Compile,
-    Float8,
     Job,
     LRScheduler,
     Metrics,
     Model,
     Optimizer,
-    Parallelism,
     Profiling,
     Training,
     Validation,
@@ -38,6 +41,7 @@ class JobConfig:
     activation_checkpoint: ActivationCheckpoint = field(default_factory=ActivationCheckpoint)
     compile: Compile = field(default_factory=Compile)
     float8: Float8 = field(default_factory=Float8)
+    experimental: Experimental = field(default_factory=Experimental)
     metrics: Metrics = field(default_factory=Metrics)
     profiling: Profiling = field(default_factory=Profiling)
     comm: Comm = field(default_factory=Comm)
@@ -64,7 +68,3 @@ def sections() -> dict[str, type]:
     """Section name -> its dataclass, in the order of ``JobConfig``."""
     hints = typing.get_type_hints(JobConfig)
     return {f.name: hints[f.name] for f in dataclasses.fields(JobConfig)}
-
-
-def section_name(section_cls) -> str:
-    return next(name for name, cls in sections().items() if cls is section_cls)

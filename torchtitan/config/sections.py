@@ -7,24 +7,16 @@ from dataclasses import dataclass
 
 from torchtitan.config.base import (
     ASSETS,
-    ACMode,
     AsyncMode,
     DecayType,
     ExcludableState,
     ExportDtype,
-    Float8Recipe,
-    FsdpAllGather,
-    FsdpGradCopyIn,
     LogitsLoss,
     MixedPrecisionDtype,
     ModelName,
     NonFinitePolicy,
     OptimizerImplementation,
     OptimizerName,
-    PipelineSchedule,
-    ReshardAfterForward,
-    RotateMethod,
-    SaveMatmuls,
     Section,
     _check,
     opt,
@@ -87,8 +79,7 @@ class Optimizer(Section):
     weight_decay: float = opt(0.1, "decoupled weight decay (AdamW) or L2 penalty (Adam)")
     implementation: OptimizerImplementation = opt(
         "auto",
-        "kernel: compiled (one torch.compile'd kernel per parameter), fused, foreach, "
-        "for-loop; auto = compiled on CUDA (fused without Triton), foreach on CPU",
+        "kernel: fused, foreach, for-loop; auto = fused on CUDA, foreach on CPU",
     )
 
     def validate(self) -> None:
@@ -134,11 +125,6 @@ class Training(Section):
     on_nonfinite: NonFinitePolicy = opt(
         "stop", "on a NaN/Inf loss or grad norm: stop (one-line error) or skip the step"
     )
-    loss_chunk_tokens: int = opt(
-        0,
-        "fuse the output head with the loss, computed this many tokens at a time, so the whole "
-        "logits tensor never exists; 0 = off",
-    )
     logits_loss: LogitsLoss = opt(
         "auto",
         "the loss of whole logits: in_place = kernels that write the gradient over the logits "
@@ -148,15 +134,6 @@ class Training(Section):
 
     def validate(self) -> None:
         super().validate()
-        _check(
-            self.loss_chunk_tokens >= 0,
-            f"--training.loss_chunk_tokens must be >= 0 (0 = off); got {self.loss_chunk_tokens}",
-        )
-        _check(
-            not (self.loss_chunk_tokens and self.logits_loss == "in_place"),
-            "--training.logits_loss in_place and --training.loss_chunk_tokens both choose how the "
-            "loss is computed; keep one",
-        )
         for key in ("seq_len", "local_batch_size", "steps", "gc_freq"):
             value = getattr(self, key)
             _check(value > 0, f"--training.{key} must be positive; got {value}")
@@ -190,56 +167,6 @@ class Validation(Section):
             "--validation.local_batch_size must be positive or -1 (training's); got "
             f"{self.local_batch_size}",
         )
-
-
-@dataclass
-class Parallelism(Section):
-    data_parallel_replicate_degree: int = opt(1, "replicas of the model (DDP / HSDP outer dim)")
-    data_parallel_shard_degree: int = opt(-1, "FSDP shard degree; -1 = whatever is left")
-    tensor_parallel_degree: int = opt(1, "tensor + sequence parallel degree")
-    context_parallel_degree: int = opt(1, "context parallel degree")
-    context_parallel_rotate_method: RotateMethod = opt(
-        "allgather", "how ring attention exchanges K/V shards"
-    )
-    pipeline_parallel_degree: int = opt(1, "pipeline parallel degree")
-    pipeline_parallel_schedule: PipelineSchedule = opt(
-        "1F1B", "pipeline schedule; CSV reads pipeline_parallel_schedule_csv"
-    )
-    pipeline_parallel_schedule_csv: str = opt("", "with schedule CSV: the schedule file")
-    pipeline_parallel_microbatch_size: int = opt(1, "samples per pipeline microbatch")
-    pipeline_parallel_stages_per_rank: int = opt(
-        0, "stages per rank for looped schedules; 0 = 2 (single-stage: 1, V-shaped: 2)"
-    )
-    pipeline_parallel_split_points: list[int] = opt(
-        [], "layer indices where stages 2, 3, ... begin; empty = balanced split"
-    )
-    pipeline_parallel_layers_per_stage: int = opt(
-        0, "layers per stage (sets the stage count); 0 = balanced split"
-    )
-    fsdp_reshard_after_forward: ReshardAfterForward = opt(
-        "default", "free gathered weights after forward; default = yes, except under PP"
-    )
-    fsdp_sharded_embedding: bool = opt(
-        True,
-        "FSDP/HSDP without TP: look the embedding up where its vocabulary rows live instead of"
-        " all-gathering the table",
-    )
-    fsdp_all_gather: FsdpAllGather = opt(
-        "auto",
-        "how FSDP gathers each block's weights on CUDA: nccl, or copy_engines (peer copies over"
-        " torch symmetric memory within one node), which leaves every SM to the matmuls; auto:"
-        " copy_engines for FSDP/HSDP without TP, CP or PP within one node, nccl otherwise",
-    )
-    fsdp_grad_copy_in: FsdpGradCopyIn = opt(
-        "triton",
-        "how FSDP lays a block's gradients out for its reduce-scatter on CUDA (cast to the reduce"
-        " dtype, rank by rank): triton (one kernel per gradient, 1.9x torch's on an H200) or"
-        " torch (FSDP's own chunk_cat); process-wide",
-    )
-    disable_loss_parallel: bool = opt(False, "with TP: gather the logits instead of loss parallel")
-    enable_async_tensor_parallel: bool = opt(
-        False, "overlap TP collectives with matmuls (CUDA + compile)"
-    )
 
 
 @dataclass
@@ -284,127 +211,6 @@ class Checkpoint(Section):
         _check(
             self.load_step == -1 or self.enable,
             "--checkpoint.load_step needs --checkpoint.enable",
-        )
-
-
-@dataclass
-class ActivationCheckpoint(Section):
-    mode: ACMode = opt("none", "which blocks recompute their activations in backward")
-    selective_ac_option: str = opt("op", "with mode=selective: 'op' or N (every N-th block)")
-    save_matmuls: SaveMatmuls = opt(
-        "all",
-        "selective op: keep every matmul output, or every other one per block (alternate: less "
-        "memory, some recompute)",
-    )
-
-    def validate(self) -> None:
-        super().validate()
-        option = self.selective_ac_option
-        _check(
-            self.mode != "selective" or option == "op" or (option.isdigit() and int(option) > 0),
-            "--activation_checkpoint.selective_ac_option must be 'op' or a positive integer N; "
-            f"got {option!r}",
-        )
-
-
-@dataclass
-class Compile(Section):
-    enable: bool = opt(False, "torch.compile each transformer block")
-    loss: bool = opt(False, "with enable: also compile the loss")
-    reorder_collectives: bool = opt(
-        True,
-        "with enable: let inductor move the collectives inside compiled blocks (CP's K/V "
-        "exchange, TP's) so computation hides them, within its peak-memory budget",
-    )
-    tune_kernels: bool = opt(
-        False,
-        "with enable: let inductor tune the block sizes of its generated GPU kernels "
-        "(coordinate descent): +0.4-1.5% tokens/s measured; 30-110 s more compile with an "
-        "empty inductor cache (TORCHINDUCTOR_CACHE_DIR), none with a warm one",
-    )
-
-    def validate(self) -> None:
-        super().validate()
-        _check(
-            self.enable or not self.tune_kernels,
-            "--compile.tune_kernels needs --compile.enable",
-        )
-
-
-@dataclass
-class Float8(Section):
-    enable: bool = opt(False, "train the linears in float8 through torchao (pip install .[float8])")
-    recipe: Float8Recipe = opt(
-        "tensorwise",
-        "scaling: one scale per tensor (fastest), per row, or per row with grad_weight in bf16",
-    )
-    fsdp_float8_all_gather: bool = opt(
-        False, "tensorwise + FSDP: all-gather the weights in float8 (half the bytes of bf16)"
-    )
-    precompute_scales: bool = opt(
-        False, "with fsdp_float8_all_gather: one amax all-reduce per step for all weights"
-    )
-    fused_all_gather_cast: bool = opt(
-        True,
-        "with precompute_scales: cast each weight shard to float8 for FSDP's all-gather in one "
-        "kernel of our own (torchao's bits, docs/float8.md); false: torchao's three eager kernels",
-    )
-    tp_float8_all_gather: bool = opt(
-        False,
-        "tensorwise + TP on CUDA: all-gather activations in float8 (torchao's float8 TP styles; "
-        "slower in the one A/B measured, docs/float8.md); false: bf16, plain styles",
-    )
-    tp_shard_scales: bool = opt(
-        True,
-        "under TP: scale each rank's shard by its own amax, not the whole tensor's (no amax "
-        "all-reduce per cast, faster in the one A/B measured; numerics differ from one device "
-        "like CP's, docs/float8.md)",
-    )
-    filter_fqns: list[str] = opt(
-        ["output"], "linears whose FQN contains one of these stay in high precision"
-    )
-    skip_small: bool = opt(
-        False,
-        "keep linears too small to gain from float8 on their own in high precision (torchao's "
-        "H100 thresholds; off: linears sharing an input share its cast, docs/float8.md)",
-    )
-    emulate: bool = opt(
-        False, "float8 numerics with high-precision matmuls: CPU, older GPUs, tests (slow)"
-    )
-    own_backward: bool = opt(
-        True,
-        "our backward for the float8 linears, torchao's bits, faster (docs/float8.md): "
-        "tensorwise reuses the forward's input scale and casts tiled_cast_fqns' inputs in a "
-        "kernel of our own; rowwise casts output gradients column-wise in kernels of our own; "
-        "false: torchao's backward",
-    )
-    fused_swiglu: bool = opt(
-        True,
-        "tensorwise with own_backward, no TP: each feed-forward's three linears as one "
-        "function whose backward casts the SwiGLU's gradients in kernels of our own "
-        "(docs/float8.md); false: three linears",
-    )
-    tiled_cast_fqns: list[str] = opt(
-        ["attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3"],
-        "with own_backward: linears (FQN contains one) whose weight gradient's float8 input is "
-        "cast in a tiled kernel, not inside the backward of the norm that feeds them",
-    )
-
-    def validate(self) -> None:
-        super().validate()
-        _check(
-            not self.fsdp_float8_all_gather or self.recipe == "tensorwise",
-            "--float8.fsdp_float8_all_gather needs --float8.recipe tensorwise (per-row scales "
-            f"cannot be all-gathered); got {self.recipe}",
-        )
-        _check(
-            not self.precompute_scales or self.fsdp_float8_all_gather,
-            "--float8.precompute_scales needs --float8.fsdp_float8_all_gather",
-        )
-        _check(
-            not (self.enable and self.tp_shard_scales and self.tp_float8_all_gather),
-            "--float8.tp_float8_all_gather needs --float8.tp_shard_scales false (the float8 TP "
-            "styles scale each activation as a whole before all-gathering it)",
         )
 
 

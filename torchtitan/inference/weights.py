@@ -17,7 +17,13 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torchtitan.checkpoint import CheckpointError, find_checkpoint, load_safely, read_metadata
 from torchtitan.checkpoint.errors import describe_error
 from torchtitan.config import ConfigError, JobConfig
-from torchtitan.models.llama3 import MODEL_FLAVORS, ModelArgs, Transformer, hf, model_args_for_job
+from torchtitan.models.llama3 import (
+    MODEL_FLAVORS,
+    ModelArgs,
+    Transformer,
+    hf,
+    model_args_from_config,
+)
 
 MODEL_PREFIX = "model."
 
@@ -91,7 +97,7 @@ def model_args_for(source: WeightsSource, cfg: JobConfig) -> ModelArgs:
             return hf.inspect_hf_checkpoint(source.path).args
         except ValueError as e:
             raise ConfigError(f"HF folder {source.path}: {e}") from None
-    args = model_args_for_job(cfg)
+    args = model_args_from_config(cfg.model, cfg.training.seq_len)
     check_dcp_shapes(source.path, args, cfg.model.flavor)
     return args
 

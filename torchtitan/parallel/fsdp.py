@@ -7,17 +7,14 @@ code path serves all three.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
 
 from torchtitan.parallel.blocks import block_items
-from torchtitan.parallel.copy_engine_all_gather import use_copy_engine_all_gather
-from torchtitan.parallel.sharded_embedding import RowShardedEmbedding, plain_lookup
 
 
 def _present(model: nn.Module, names: Sequence[str]) -> list[nn.Module]:
@@ -28,30 +25,6 @@ def _present(model: nn.Module, names: Sequence[str]) -> list[nn.Module]:
         except AttributeError:  # absent, e.g. cut away (set to None) by a pipeline split
             pass
     return modules
-
-
-def shard_embedding_rows(
-    model: nn.Module,
-    names: Sequence[str],
-    mesh: DeviceMesh,
-    out_dtype: torch.dtype,
-    grad_dtype: torch.dtype,
-) -> set[nn.Parameter]:
-    """Replace each plain ``nn.Embedding`` among ``names`` whose weight TP has not sharded with
-    a :class:`RowShardedEmbedding` on ``mesh`` (others stay FSDP's); returns their weights, which
-    FSDP must then leave alone."""
-    weights = set()
-    for name in names:
-        module = _present(model, [name])
-        if not module or not isinstance(module[0], nn.Embedding) or not plain_lookup(module[0]):
-            continue
-        if isinstance(module[0].weight, DTensor):  # already sharded by TP
-            continue
-        sharded = RowShardedEmbedding(module[0], mesh, out_dtype, grad_dtype)
-        parent, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, attr, sharded)
-        weights.add(sharded.weight)
-    return weights
 
 
 def reshard_after_forward(policy: str, pipeline_parallel: bool) -> bool:
@@ -72,8 +45,8 @@ def apply_fsdp(
     blocks_attr: str = "layers",
     input_group: Sequence[str] = ("tok_embeddings",),
     output_group: Sequence[str] = ("norm", "output"),
-    embedding_rows_sharded: bool = False,
-    copy_engine_all_gather: bool = False,
+    ignored_params: set[nn.Parameter] | None = None,
+    after_blocks_sharded: Callable[[list[nn.Module], DeviceMesh], None] | None = None,
 ) -> None:
     """Shard ``model`` in place: the input modules (embeddings) as one group, each block, the
     output modules (final norm + head) as one group, then the root, which takes every parameter
@@ -83,13 +56,11 @@ def apply_fsdp(
     Each group's parameters are all-gathered right before its forward and its gradients
     reduce-scattered right after its backward, which overlaps communication with compute.
 
-    ``embedding_rows_sharded``: the input group's embeddings are not all-gathered but looked up
-    where their rows live (:mod:`torchtitan.parallel.sharded_embedding`), with a shard group of
-    more than one rank; embeddings TP has sharded stay FSDP's.
-
-    ``copy_engine_all_gather``: the blocks are gathered by the GPUs' copy engines
-    (:mod:`torchtitan.parallel.copy_engine_all_gather`), not by NCCL's kernels.
+    ``ignored_params``: parameters sharded by other means, which FSDP leaves alone (an input
+    module holding only such parameters gets no group). ``after_blocks_sharded(blocks, mesh)``
+    runs once the blocks are sharded (the experimental copy-engine all-gather hooks in there).
     """
+    ignored = ignored_params or set()
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     # The blocks and the head get activations already in param_dtype (from the embeddings or the
     # block before; the root casts the model's own inputs). Casting their floating-point
@@ -100,12 +71,7 @@ def apply_fsdp(
         param_dtype=param_dtype, reduce_dtype=reduce_dtype, cast_forward_inputs=False
     )
     reshard = reshard_after_forward(reshard_policy, pipeline_parallel)
-    shard_dim = mesh.ndim - 1  # HSDP: (replicate, shard)
-    sharded = mesh.size(shard_dim) > 1
-    ignored = set()
-    if embedding_rows_sharded and sharded:
-        ignored = shard_embedding_rows(model, input_group, mesh, param_dtype, reduce_dtype)
-    inputs = [m for m in _present(model, input_group) if not isinstance(m, RowShardedEmbedding)]
+    inputs = [m for m in _present(model, input_group) if not set(m.parameters()) <= ignored]
     if inputs:
         fully_shard(inputs, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
     blocks = [block for _, block in block_items(model, blocks_attr)]
@@ -114,8 +80,8 @@ def apply_fsdp(
     # for Llama 3 8B, seen in a memory snapshot on 4x H200).
     for block in blocks:
         fully_shard(block, mesh=mesh, reshard_after_forward=reshard, mp_policy=inner)
-    if copy_engine_all_gather and blocks and sharded:
-        use_copy_engine_all_gather(blocks, mesh.get_group(shard_dim))
+    if after_blocks_sharded is not None and blocks:
+        after_blocks_sharded(blocks, mesh)
     # The head's backward comes right after its forward: keep it gathered.
     outputs = _present(model, output_group)
     if outputs:

@@ -25,7 +25,6 @@ from torch.distributed.pipelining.schedules import (
 )
 
 from torchtitan.parallel.blocks import BlockOnAnotherStage, block_items
-from torchtitan.parallel.llama import LLAMA_BLOCKS, LLAMA_INPUT_MODULES, LLAMA_OUTPUT_MODULES
 
 SINGLE_STAGE = ("GPipe", "1F1B")
 LOOPED = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
@@ -243,9 +242,9 @@ def build_stage_module(
     layers: tuple[int, ...],
     first: bool,
     last: bool,
-    blocks_attr: str = LLAMA_BLOCKS,
-    input_modules: Sequence[str] = LLAMA_INPUT_MODULES,
-    output_modules: Sequence[str] = LLAMA_OUTPUT_MODULES,
+    blocks_attr: str = "layers",
+    input_modules: Sequence[str] = ("tok_embeddings",),
+    output_modules: Sequence[str] = ("norm", "output"),
 ) -> nn.Module:
     """A copy of the (meta) model holding the blocks at positions ``layers`` of
     ``model.<blocks_attr>``, the ``input_modules`` (embeddings) iff ``first`` and the

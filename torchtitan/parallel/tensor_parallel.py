@@ -55,7 +55,7 @@ def enable_async_tp(tp_mesh: DeviceMesh) -> None:
     The pass fuses only the collectives of groups registered for symmetric memory
     (``is_symm_mem_enabled_for_group``), so the TP group is registered although torch 2.13
     deprecates the call ("no need to call this function anymore"); without it the pass left
-    every collective alone (docs/performance.md, finding 8).
+    every collective alone (docs/performance.md).
     """
     import torch._inductor.config as inductor_config
     from torch.distributed._symmetric_memory import enable_symm_mem_for_group

@@ -13,7 +13,7 @@ redoes the pointwise float8 cast in backward. Selective AC saves matmul outputs,
 it keeps the same bytes as bf16. (CPU, ``saved_tensors_hooks`` on a compiled block with
 torchao's emulated float8, 2026-11-26: 1B AC off 74.13 -> 54.13 KiB with wk/wv in bf16, 50.13
 with all seven float8; selective all unchanged; docs/planning.md.) Our float8 backwards keep the
-same: their casts are recomputed in the backward (``torchtitan.parallel.float8_recompute``;
+same: their casts are recomputed in the backward (``torchtitan.float8.recompute``;
 tests/unit/test_float8_backward.py).
 """
 
@@ -68,7 +68,7 @@ def block_bytes_per_token(
     """Bytes one block keeps for backward per token of this rank's (sequence) share.
 
     autocast: one GPU without FSDP (fp32 weights). The residual stream is bf16 there too: the
-    model casts the embedding's output to autocast's dtype (docs/performance.md, finding 23).
+    model casts the embedding's output to autocast's dtype.
     cp > 1: ring attention also keeps about the K/V of the other CP ranks (none and selective
     modes; calibration.CP_SAVED_KV). float8: the block linears that run in float8.
     """
@@ -133,10 +133,10 @@ def block_fixed_bytes(
 # Bytes per token per vocabulary entry (measured, bf16 logits held by the trainer):
 # eager loss: bf16 logits 2 + fp32 log-softmax 4 held; backward adds its fp32 gradient, the
 # gradient of the fp32 copy and its cast: peak 14. Compiled loss: logits 2 + bf16 gradient 2.
-# In place (torchtitan.inplace_loss): the gradient is written over the logits. Compiled under
-# TP's loss parallel (DTensor logits sharded over the vocabulary) the standard loss holds more
-# than the whole-vocabulary compiled one: 7.5 bytes above the logits at the peak (one point:
-# 1B TP2 AC off, 30.58 GiB against the in-place loss's 23.00, 2x H200, call 54).
+# In place (torchtitan.kernels.inplace_loss): the gradient is written over the logits. Compiled
+# under TP's loss parallel (DTensor logits sharded over the vocabulary) the standard loss holds
+# more than the whole-vocabulary compiled one: 7.5 bytes above the logits at the peak (one
+# point: 1B TP2 AC off, 30.58 GiB against the in-place loss's 23.00; 2x H200, 2026-11-28).
 LOSS_BYTES_PER_VOCAB = {
     "eager": (2.0, 12.0),
     "compiled": (2.0, 2.0),
@@ -146,38 +146,14 @@ LOSS_BYTES_PER_VOCAB = {
 FINAL_NORM_BYTES_PER_DIM = 8  # eager final RMSNorm (fp32 internals) + the head's bf16 input
 
 
-# The fused, chunked head + loss (training.loss_chunk_tokens): per token of a chunk, its bf16
-# logits, the fused softmax's bf16 gradient and fp32 temporaries; per vocabulary row, the fp32
-# weight gradient held from forward to backward; per token of the batch, the bf16 input gradient.
-FUSED_LOSS_BYTES_PER_CHUNK_VOCAB = 8.0
-FUSED_LOSS_WEIGHT_GRAD_BYTES = 4.0
-FUSED_LOSS_INPUT_GRAD_BYTES = 2.0
-
-
-def fused_loss_peak_bytes(
-    model: ModelArgs | Shapes, tokens: float, chunk_tokens: int, vocab_shards: int = 1
-) -> float:
-    """Peak bytes of the fused head + loss over ``tokens`` tokens, ``chunk_tokens`` at a time;
-    under TP each rank holds ``1 / vocab_shards`` of the head's rows (``VocabShardedHead``)."""
-    w = shapes(model)
-    chunk = min(chunk_tokens, tokens)
-    vocab = w.vocab / vocab_shards
-    return (
-        chunk * vocab * FUSED_LOSS_BYTES_PER_CHUNK_VOCAB
-        + vocab * w.dim * FUSED_LOSS_WEIGHT_GRAD_BYTES
-        + tokens * w.dim * (FUSED_LOSS_INPUT_GRAD_BYTES + FINAL_NORM_BYTES_PER_DIM)
-    )
-
-
 def loss_peak_bytes_per_token(
     model: ModelArgs | Shapes,
     loss_kind: str,
     vocab_shards: int = 1,
     bf16: bool = True,
 ) -> float:
-    """Peak bytes of final norm + head output + loss forward/backward, per token (the loss of
-    whole logits, ``loss_kind`` one of LOSS_BYTES_PER_VOCAB's; ``fused_loss_peak_bytes`` is the
-    chunked one)."""
+    """Peak bytes of final norm + head output + loss forward/backward, per token (``loss_kind``
+    one of LOSS_BYTES_PER_VOCAB's)."""
     logits, loss_part = LOSS_BYTES_PER_VOCAB[loss_kind]
     if not bf16:  # fp32 logits; in place, their gradient still takes no second tensor
         logits, loss_part = 4.0, (loss_part + 4.0 if loss_part else 0.0)

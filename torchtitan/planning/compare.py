@@ -5,6 +5,7 @@ then the superseded points for the record.
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import sys
 from dataclasses import dataclass
@@ -57,11 +58,30 @@ def load_points(path: Path = DEFAULT_POINTS, superseded: bool = False) -> list[d
     return [p for p in points if bool(p.get("superseded")) == superseded]
 
 
+# A point's marker -> the Float8Setting code path its older code did not run (the point ran
+# torchao's instead; no option selects torchao's paths today).
+OLD_FLOAT8_CODE = {
+    "torchao_float8_backward": "own_backward",
+    "torchao_all_gather_cast": "one_kernel_all_gather_cast",
+    "float8_tp_amax_all_reduce": "tp_shard_scales",
+}
+
+
+def _old_code_workload(point: dict, work: Workload) -> Workload:
+    """The workload as the code a point was measured on ran it: the float8 code paths of
+    OLD_FLOAT8_CODE that it lacked turned off."""
+    off = {field: False for marker, field in OLD_FLOAT8_CODE.items() if point.get(marker)}
+    if not off or work.float8 is None:
+        return work
+    return work.with_(float8=dataclasses.replace(work.float8, **off))
+
+
 def _old_code_bytes(point: dict, work: Workload, layout: Layout) -> float:
     """What the code a point was measured on held at the peak on top of today's model: the
-    last block's gathered weights (before commit ca443e9), pre-GQA AC-off blocks' repeated
-    K/V, and the float32 residual stream under autocast (before finding 23), all scaled by the
-    allocator overhead like every part."""
+    last block's gathered weights (before the last block resharded after forward), pre-GQA
+    AC-off blocks' repeated K/V, and the float32 residual stream under autocast (before the
+    model cast the embedding's output to bf16), all scaled by the allocator overhead like every
+    part."""
     total = 0.0
     reshards = layout.pp == 1 and work.reshard_policy != "never"
     if point.get("last_block_gathered") and layout.data_parallel and reshards:
@@ -81,7 +101,7 @@ def compare_point(point: dict) -> Comparison:
     cfg = parse_args(shlex.split(point["args"]))
     hw = make_hardware(point["gpus"], 1, point["card"])
     layout = Layout.from_config(cfg, hw.world_size)
-    work = Workload.from_config(cfg)
+    work = _old_code_workload(point, Workload.from_config(cfg))
     adjustment = _old_code_bytes(point, work, layout)
     memory = estimate_memory(work, layout).total + adjustment
     tokens = estimate_time(work, layout, hw).tokens_per_second_per_gpu

@@ -1,9 +1,10 @@
 """Which linears a ``[float8]`` job runs in float8, decided by the trainer's own rule
-(``torchtitan.parallel.float8.shape_skip_reason``: ``filter_fqns``, dims divisible by 16, and with
-``skip_small`` the GEMM shapes too small to gain) applied to the model's shapes. The rule is a
-pure function of a linear's FQN and shape, so the planner needs neither torchao nor a model.
+(``torchtitan.float8.convert.shape_skip_reason``: the model family's exclusions,
+``filter_fqns`` and dims divisible by 16) applied to the model's shapes, and which of the
+trainer's float8 code paths run. The rule is a pure function of a linear's FQN and shape, so
+the planner needs neither torchao nor a model.
 
-    setting = Float8Setting.from_config(cfg.float8)      # None without --float8.enable
+    setting = Float8Setting.from_config(cfg.float8, family.float8_exclude)  # None if off
     converted_linears(setting, shapes(model))            # frozenset({"wq", "wo", "w1", ...})
 """
 
@@ -12,13 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torchtitan.config import Float8
-from torchtitan.parallel.float8 import (
-    casts_all_gather_in_one_kernel,
-    runs_rowwise_backward,
-    runs_tensorwise_backward,
-    shape_skip_reason,
-)
-from torchtitan.parallel.float8_tp import scales_tp_shards
+from torchtitan.float8.convert import shape_skip_reason
 from torchtitan.planning.shapes import Shapes
 
 # A block linear's short name -> its FQN below the block; the head is "output".
@@ -36,31 +31,47 @@ HEAD = "output"
 
 @dataclass(frozen=True)
 class Float8Setting:
-    """The ``[float8]`` options the step model reads (named as ``shape_skip_reason`` reads them)."""
+    """The ``[float8]`` options the step model reads (named as ``shape_skip_reason`` reads them),
+    and three code paths of the trainer that no option selects: they are on wherever they apply.
+    ``compare.py`` turns them off for the measured points of older code that ran torchao's
+    instead (tests/unit/data/planning_measured.toml)."""
 
     recipe: str = "tensorwise"
     fsdp_float8_all_gather: bool = False
-    skip_small: bool = False
-    filter_fqns: tuple[str, ...] = (HEAD,)
-    tp_shard_scales: bool = True
-    one_kernel_all_gather_cast: bool = False  # the trainer's casts_all_gather_in_one_kernel
-    rowwise_backward: bool = False  # the trainer's runs_rowwise_backward
-    tensorwise_backward: bool = False  # the trainer's runs_tensorwise_backward
+    precompute_scales: bool = False
+    filter_fqns: tuple[str, ...] = ()
+    model_exclude: tuple[str, ...] = (HEAD,)  # the model family's float8_exclude (Llama's)
+    own_backward: bool = True  # our tensorwise / rowwise backward (torchtitan/float8/)
+    tp_shard_scales: bool = True  # tensorwise under TP: each shard scaled on its own
+    one_kernel_all_gather_cast: bool = True  # FSDP's float8 all-gather cast in one kernel
 
     @classmethod
-    def from_config(cls, cfg: Float8) -> Float8Setting | None:
+    def from_config(cls, cfg: Float8, model_exclude: tuple[str, ...]) -> Float8Setting | None:
         if not cfg.enable:
             return None
         return cls(
             recipe=cfg.recipe,
             fsdp_float8_all_gather=cfg.fsdp_float8_all_gather,
-            skip_small=cfg.skip_small,
+            precompute_scales=cfg.precompute_scales,
             filter_fqns=tuple(cfg.filter_fqns),
-            tp_shard_scales=scales_tp_shards(cfg),
-            one_kernel_all_gather_cast=casts_all_gather_in_one_kernel(cfg),
-            rowwise_backward=runs_rowwise_backward(cfg),
-            tensorwise_backward=runs_tensorwise_backward(cfg),
+            model_exclude=tuple(model_exclude),
         )
+
+    @property
+    def tensorwise_backward(self) -> bool:
+        """Whether the linears run our tensorwise backward (torchtitan/float8/matmul.py)."""
+        return self.own_backward and self.recipe == "tensorwise"
+
+    @property
+    def rowwise_backward(self) -> bool:
+        """Whether the linears run our rowwise backward (torchtitan/float8/rowwise_matmul.py);
+        rowwise_with_gw_hp runs torchao's."""
+        return self.own_backward and self.recipe == "rowwise"
+
+    @property
+    def scales_tp_shards(self) -> bool:
+        """Whether each TP shard is scaled on its own (no amax all-reduce): tensorwise only."""
+        return self.tp_shard_scales and self.recipe == "tensorwise"
 
     @property
     def float8_gemm_share(self) -> float:
@@ -74,8 +85,13 @@ class Float8Setting:
         return self.fsdp_float8_all_gather and self.recipe == "tensorwise" and fsdp_degree > 1
 
     def casts_gathers_in_one_kernel(self, fsdp_degree: int) -> bool:
-        """Whether each weight shard is cast for FSDP's float8 all-gather by our one kernel."""
-        return self.gathers_float8(fsdp_degree) and self.one_kernel_all_gather_cast
+        """Whether each weight shard is cast for FSDP's float8 all-gather by our one kernel: the
+        trainer uses it wherever the scales are precomputed."""
+        return (
+            self.gathers_float8(fsdp_degree)
+            and self.precompute_scales
+            and self.one_kernel_all_gather_cast
+        )
 
 
 def linear_features(model: Shapes) -> dict[str, tuple[int, int]]:
@@ -91,6 +107,6 @@ def converted_linears(setting: Float8Setting | None, model: Shapes) -> frozenset
     converted = set()
     for name, (k, n) in linear_features(model).items():
         fqn = HEAD if name == HEAD else f"layers.0.{BLOCK_LINEAR_FQNS[name]}"
-        if shape_skip_reason(fqn, k, n, setting) is None:
+        if shape_skip_reason(fqn, k, n, setting, setting.model_exclude) is None:
             converted.add(name)
     return frozenset(converted)

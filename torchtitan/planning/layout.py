@@ -9,9 +9,9 @@ import math
 from dataclasses import dataclass
 
 from torchtitan.config import JobConfig
-from torchtitan.inplace_loss import in_place_chosen
-from torchtitan.models.llama3 import ModelArgs, model_args_for_job
-from torchtitan.parallel.copy_engine_all_gather import auto_picks_copy_engines
+from torchtitan.kernels.inplace_loss import in_place_chosen
+from torchtitan.models import family_of
+from torchtitan.models.llama3 import ModelArgs, model_args_from_config
 from torchtitan.parallel.dims import DerivedDegrees
 from torchtitan.planning.float8 import Float8Setting, converted_linears
 from torchtitan.planning.shapes import Shapes, shapes
@@ -157,19 +157,18 @@ class Workload:
     compile_loss: bool = False  # with compile: the loss is compiled too
     loss_parallel: bool = True  # with TP: the loss works on vocab-sharded logits
     reshard_policy: str = "default"  # parallelism.fsdp_reshard_after_forward
-    sharded_embedding: bool = True  # parallelism.fsdp_sharded_embedding
-    loss_chunk_tokens: int = 0  # training.loss_chunk_tokens: the fused, chunked head + loss
     logits_loss: str = "auto"  # training.logits_loss (the planner assumes CUDA)
     float8: Float8Setting | None = None  # [float8] with enable; None: bf16 linears
-    fsdp_all_gather: str = "auto"  # parallelism.fsdp_all_gather
+    sharded_embedding: bool = False  # experimental.fsdp_sharded_embedding
+    copy_engine_all_gather: bool = False  # experimental.fsdp_copy_engine_all_gather
 
     @classmethod
     def from_config(cls, cfg: JobConfig, compile: bool | None = None) -> Workload:
         """The config's workload; the model's shape as the trainer builds it (flavor + the
         ``[model]`` overrides); a bad shape raises ConfigError."""
-        t, p = cfg.training, cfg.parallelism
+        t, p, x = cfg.training, cfg.parallelism, cfg.experimental
         return cls(
-            model=model_args_for_job(cfg),
+            model=model_args_from_config(cfg.model, cfg.training.seq_len),
             seq_len=t.seq_len,
             global_batch_size=t.global_batch_size,
             bf16=t.mixed_precision_param == "bfloat16",
@@ -178,11 +177,10 @@ class Workload:
             compile_loss=cfg.compile.loss,
             loss_parallel=not p.disable_loss_parallel,
             reshard_policy=p.fsdp_reshard_after_forward,
-            sharded_embedding=p.fsdp_sharded_embedding,
-            loss_chunk_tokens=t.loss_chunk_tokens,
             logits_loss=t.logits_loss,
-            float8=Float8Setting.from_config(cfg.float8),
-            fsdp_all_gather=p.fsdp_all_gather,
+            float8=Float8Setting.from_config(cfg.float8, family_of(cfg.model.name).float8_exclude),
+            sharded_embedding=x.fsdp_sharded_embedding,
+            copy_engine_all_gather=x.fsdp_copy_engine_all_gather,
         )
 
     def loss_kind(self, layout: Layout) -> str:
@@ -215,17 +213,21 @@ class Workload:
 
     def embedding_rows_sharded(self, layout: Layout) -> bool:
         """Whether the trainer looks the embedding up where its rows live under ``layout`` (no
-        all-gather of the table, no reduce-scatter of its gradient): the flag, without TP, with
-        FSDP sharding over more than one rank (parallel/llama.py, apply_fsdp)."""
+        all-gather of the table, no reduce-scatter of its gradient): the switch, without TP,
+        with FSDP sharding over more than one rank (torchtitan/parallel/fsdp.py)."""
         return self.sharded_embedding and layout.tp == 1 and layout.fsdp_degree > 1
 
     def gathers_on_copy_engines(self, layout: Layout, gpus_per_node: int) -> bool:
-        """Whether FSDP all-gathers the blocks on the copy engines under ``layout``, as the
-        trainer decides on GPUs that map each other's memory (copy_engine_all_gather.py)."""
-        if self.fsdp_all_gather != "auto":
-            return self.fsdp_all_gather == "copy_engines" and layout.fsdp_degree > 1
-        degrees = (layout.fsdp_degree, layout.tp, layout.cp, layout.pp, gpus_per_node)
-        return auto_picks_copy_engines(*degrees)[0]
+        """Whether FSDP all-gathers the blocks on the copy engines under ``layout``: the switch,
+        with FSDP sharding over more than one rank, no pipeline, and a shard group within one
+        node (the trainer refuses the switch otherwise)."""
+        span = (layout.fsdp_degree - 1) * layout.tp + 1  # the shard group's ranks are tp apart
+        return (
+            self.copy_engine_all_gather
+            and 1 < layout.fsdp_degree
+            and layout.pp == 1
+            and span <= gpus_per_node
+        )
 
     def with_(self, **changes) -> Workload:
         return dataclasses.replace(self, **changes)

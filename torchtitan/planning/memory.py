@@ -20,7 +20,6 @@ from torchtitan.planning.activations import (
     ac_kind,
     block_bytes_per_token,
     block_fixed_bytes,
-    fused_loss_peak_bytes,
     loss_peak_bytes_per_token,
     recompute_bytes_per_token,
 )
@@ -152,9 +151,9 @@ def _working_weights(work: Workload, layout: Layout, stages: RankStages) -> floa
 
     FSDP gathers bf16 weights per group: the head group stays gathered from its forward to its
     backward, and the last block is gathered again (prefetched) for its backward; every block,
-    the last one too, reshards after its forward (since commit ca443e9). Under PP (or with
-    fsdp_reshard_after_forward=never) every gathered group stays until backward. On one GPU
-    autocast keeps a bf16 copy of the head (the blocks' copies are in block_fixed_bytes).
+    the last one too, reshards after its forward. Under PP (or with fsdp_reshard_after_forward
+    never) every gathered group stays until backward. On one GPU autocast keeps a bf16 copy of
+    the head (the blocks' copies are in block_fixed_bytes).
     """
     if not work.bf16:
         return 0.0
@@ -241,10 +240,7 @@ def _loss_or_recompute(work: Workload, layout: Layout, stages: RankStages) -> tu
     recompute = recompute_bytes_per_token(work.shape, kind, **_block_kwargs(work, layout)) * tokens
     if not stages.head:
         return "block recompute", recompute
-    if work.loss_chunk_tokens:
-        loss = fused_loss_peak_bytes(work.shape, tokens, work.loss_chunk_tokens, layout.tp)
-    else:
-        shards = layout.tp if work.loss_parallel else 1
-        kind = work.loss_kind(layout)
-        loss = loss_peak_bytes_per_token(work.shape, kind, shards, work.bf16) * tokens
+    shards = layout.tp if work.loss_parallel else 1
+    kind = work.loss_kind(layout)
+    loss = loss_peak_bytes_per_token(work.shape, kind, shards, work.bf16) * tokens
     return ("logits + loss", loss) if loss >= recompute else ("block recompute", recompute)

@@ -1,8 +1,8 @@
 """Enumerate every layout of a job on some hardware, drop the ones the trainer would refuse or
 that do not fit, and rank the rest by estimated tokens/s per GPU.
 
-Validity is decided by the trainer's own checks (torchtitan.preflight.check_parallelism and
-gradient_accumulation_steps), so the planner never proposes a layout the trainer refuses.
+Validity is decided by the trainer's own checks (torchtitan.parallel.checks.check_parallelism
+and gradient_accumulation_steps), so the planner never proposes a layout the trainer refuses.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from torchtitan.config import ConfigError, JobConfig, PipelineSchedule, choices
+from torchtitan.parallel.checks import check_parallelism, gradient_accumulation_steps
 from torchtitan.planning import calibration as cal
 from torchtitan.planning.command import planned_config
 from torchtitan.planning.hardware import GIB, Hardware
@@ -89,8 +90,6 @@ def _structures(world: int, global_batch: int):
 def check_job(job: JobConfig, layout: Layout, world: int, model_args) -> str:
     """The trainer's reason to refuse ``job`` (which runs ``layout``), or "" if it accepts it.
     Async TP is left out: it needs a GPU where the planner runs, and the model ignores it."""
-    from torchtitan.preflight import check_parallelism, gradient_accumulation_steps
-
     p = dataclasses.replace(job.parallelism, enable_async_tensor_parallel=False)
     try:
         check_parallelism(dataclasses.replace(job, parallelism=p), model_args, world)

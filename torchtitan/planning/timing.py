@@ -57,16 +57,16 @@ def _recomputed_share(model: Shapes, layout: Layout) -> tuple[dict[str, float], 
 
 def _float8_speedup(work: Workload, name: str, layout: Layout) -> float:
     """How much faster linear ``name``'s GEMMs run than in bf16, the cast overhead included:
-    tensorwise at FLOAT8_MATMUL_SPEEDUP (with torchao's backward at its measured share of that,
-    which depends on whether the block is checkpointed), rowwise at
-    FLOAT8_ROWWISE_MATMUL_SPEEDUP (times FLOAT8_ROWWISE_OWN_BACKWARD_GAIN with our backward), a
-    float8 share below one for rowwise_with_gw_hp; under TP as measured there, by the scaling of
-    TP shards (calibration.py)."""
+    tensorwise at FLOAT8_MATMUL_SPEEDUP, rowwise at FLOAT8_ROWWISE_MATMUL_SPEEDUP times
+    FLOAT8_ROWWISE_OWN_BACKWARD_GAIN (our backward), a float8 share below one for
+    rowwise_with_gw_hp; under TP as measured there, by whether each TP shard is scaled on its
+    own (calibration.py); torchao's tensorwise backward (measured points of older code only) at
+    its measured share."""
     if name not in work.float8_linears:
         return 1.0
     setting = work.float8
     if layout.tp > 1:
-        if setting.tp_shard_scales:
+        if setting.scales_tp_shards:
             return cal.FLOAT8_SPEED_UNDER_TP_SHARD_SCALES
         return cal.FLOAT8_SPEED_UNDER_TP
     if setting.recipe == "tensorwise":

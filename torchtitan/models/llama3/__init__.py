@@ -2,7 +2,7 @@ from torchtitan.models.llama3.args import (
     MODEL_FLAVORS,
     ModelArgs,
     get_model_args,
-    model_args_for_job,
+    model_args_from_config,
 )
 from torchtitan.models.llama3.kv_cache import KVCache
 from torchtitan.models.llama3.model import Transformer
@@ -13,5 +13,5 @@ __all__ = [
     "ModelArgs",
     "Transformer",
     "get_model_args",
-    "model_args_for_job",
+    "model_args_from_config",
 ]

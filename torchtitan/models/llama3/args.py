@@ -3,7 +3,7 @@
 import dataclasses
 from dataclasses import dataclass
 
-from torchtitan.config import ConfigError, JobConfig, suggest
+from torchtitan.config import ConfigError, Model, suggest
 
 
 @dataclass(kw_only=True)
@@ -184,14 +184,14 @@ def get_model_args(flavor: str, **overrides) -> ModelArgs:
     return args
 
 
-def model_args_for_job(cfg: JobConfig) -> ModelArgs:
-    """The job's model: its flavor with the ``[model]`` shape overrides, the RoPE cache sized for
-    ``training.seq_len``; validated (ConfigError, one line). Preflight, the trainer and the
-    planner all build the model's shape here."""
-    overrides = cfg.model.shape_overrides()
+def model_args_from_config(model: Model, seq_len: int) -> ModelArgs:
+    """The ``[model]`` section's model: its flavor with the shape overrides, the RoPE cache sized
+    for ``seq_len`` (``training.seq_len``); validated (ConfigError, one line). Preflight, the
+    trainer and the planner all build the model's shape here."""
+    overrides = model.shape_overrides()
     try:
-        return get_model_args(cfg.model.flavor, max_seq_len=cfg.training.seq_len, **overrides)
+        return get_model_args(model.flavor, max_seq_len=seq_len, **overrides)
     except ValueError as e:
         changed = ", ".join(f"{k}={v}" for k, v in overrides.items())
-        where = f" (flavor {cfg.model.flavor} with {changed})" if overrides else ""
+        where = f" (flavor {model.flavor} with {changed})" if overrides else ""
         raise ConfigError(f"{e}{where}") from None

@@ -35,7 +35,7 @@ class RMSNorm(nn.Module):
         # fp32 statistics, output in x's dtype, times the weight. torch's op rather than the same
         # formula written out (pow, mean, rsqrt): recomputed under selective AC, the written-out
         # form was fused with the float8 cast of its output into one slow transposing reduction
-        # kernel (1.75 ms per Llama 3 8B block backward on H200; docs/performance.md, finding 7).
+        # kernel (1.75 ms per Llama 3 8B block backward on H200; docs/performance.md).
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
     def reset_parameters(self) -> None:
@@ -86,7 +86,7 @@ def _rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
     # (x0 cos - x1 sin, x1 cos + x0 sin) = x * (cos, cos) + (x1, x0) * (-sin, sin). Written with
     # the pair swap rather than unbinding and stacking the pairs, its backward is pointwise too:
     # the stacked form's backward scattered into zeros, and the compiled bf16 block ran 0.5-1.1%
-    # slower on an H200 (docs/performance.md, finding 23).
+    # slower on an H200 (docs/performance.md).
     xf = x.float()
     swapped = xf.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
     return (xf * cos + swapped * sin).type_as(x)
@@ -243,7 +243,7 @@ def _in_autocast_dtype(h: torch.Tensor) -> torch.Tensor:
     The trainer runs bf16 autocast over fp32 weights where no FSDP casts (GPU layouts without
     data parallelism). Autocast leaves the embedding's output in float32, and every residual add
     would keep it there: float32 block inputs saved for backward and read and written at twice
-    the bytes by the norms and adds (docs/performance.md, finding 23)."""
+    the bytes by the norms and adds (docs/performance.md)."""
     device = h.device.type
     if h.is_floating_point() and torch.is_autocast_enabled(device):
         return h.to(torch.get_autocast_dtype(device))
