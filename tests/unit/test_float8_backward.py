@@ -6,6 +6,7 @@ docs/float8.md)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import unittest.mock
 
 import pytest
@@ -101,6 +102,22 @@ def test_the_cast_operator_is_torchaos_cast_transposed(dtype):
         got = float8_cast_transposed(operand, scale, dtype)
         assert got.shape == (operand.shape[1], operand.shape[0]) and got.is_contiguous()
         assert torch.equal(got.t().view(torch.uint8), want.view(torch.uint8))
+
+
+class CudaBf16:
+    """Stands in for a bf16 CUDA tensor where the kernels are picked."""
+
+    is_cuda, dtype = True, torch.bfloat16
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+def test_cuda_tensors_find_the_cast_kernels():
+    """Only CUDA tensors import the Triton kernels (by module name), so CPU runs would not see
+    a name that no longer resolves; the GPU tests run the kernels."""
+    from torchtitan.float8 import cast_kernel, transposed_cast
+
+    assert transposed_cast.kernel_module(CudaBf16()) is cast_kernel
+    assert transposed_cast.kernel_module(torch.ones(1)) is None
 
 
 def meta_model() -> Transformer:

@@ -146,6 +146,17 @@ def test_inputs_already_in_float8_run_the_unfused_forward(monkeypatch):
     assert len(calls) == 1
 
 
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+def test_bf16_cuda_tensors_find_the_kernels():
+    """Only bf16 CUDA tensors import the Triton kernels (by module name), so CPU runs would not
+    see a name that no longer resolves; the GPU tests run the kernels."""
+    from tests.unit.test_float8_backward import CudaBf16
+    from torchtitan.experimental import float8_swiglu, float8_swiglu_kernel
+
+    assert float8_swiglu._kernel_module(CudaBf16(), CudaBf16()) is float8_swiglu_kernel
+    assert float8_swiglu._kernel_module(CudaBf16(), torch.ones(1).bfloat16()) is None
+
+
 def test_the_operators_pass_torchs_checks():
     from torchtitan.experimental.float8_swiglu import (
         swiglu_float8_grad_amax,

@@ -19,7 +19,7 @@ copy-out of the all-gather before the last one, and that copy-out waited for tha
 
 Buffers are made per output size, at the first all-gather of that size (all ranks ask for the
 same sizes in the same order), and live as long as the process. They sit outside the caching
-allocator, so :func:`symmetric_bytes` tells the metrics how much to add to its peak.
+allocator, so each all-gather counts its ``symmetric_bytes`` and logs them beside the peak.
 """
 
 from __future__ import annotations

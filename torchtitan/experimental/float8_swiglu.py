@@ -1,7 +1,7 @@
 """The float8 SwiGLU feed-forward ``w2(silu(w1(x)) * w3(x))`` as one autograd function, so its
 backward casts the SiLU-and-product gradients in kernels of our own.
 
-Unfused, each of the three float8 linears runs our tensorwise backward (float8_matmul.py) and
+Unfused, each of the three float8 linears runs our tensorwise backward (float8/matmul.py) and
 autograd computes the SwiGLU's gradients between them; compiled, inductor fuses those gradients
 into their linears' float8 casts: one reduction kernel for their amaxes, then one pointwise
 kernel writing the two gradients in float8 row-major and transposed and the recomputed product
@@ -123,7 +123,7 @@ def _kernel_module(*tensors: torch.Tensor):
     installed, else None: the torch path (also under Triton's CPU interpreter, which rounds
     otherwise)."""
     usable = all(t.is_cuda and t.dtype == torch.bfloat16 for t in tensors)
-    return triton_kernels("float8_swiglu_kernel") if usable else None
+    return triton_kernels("torchtitan.experimental.float8_swiglu_kernel") if usable else None
 
 
 @torch._dynamo.allow_in_graph

@@ -7,7 +7,7 @@ weight (scale, saturate, convert: 17 bytes moved per float32 element), run twice
 resharding (the forward's gather and the backward's). FSDP runs them on its copy-in stream, beside
 the blocks' matmuls (8B FSDP4 Float8 on H200: about 55 ms of kernels a step, docs/performance.md).
 ``Float8AllGatherWeight`` is that wrapper with the cast in one pass
-(``float8_cast_kernel.cast`` on CUDA: 5 bytes per element), the same bits. Without precomputed
+(``cast_kernel.cast`` on CUDA: 5 bytes per element), the same bits. Without precomputed
 scales (an amax all-reduce per weight) it is torchao's cast.
 """
 

@@ -231,7 +231,7 @@ def casts_all_gather_in_one_kernel(cfg: Float8) -> bool:
 
 
 def use_own_backward(model: nn.Module, tiled_cast_fqns: Iterable[str]) -> list[str]:
-    """Make ``model``'s float8 linears run our tensorwise backward (float8_matmul.py), the
+    """Make ``model``'s float8 linears run our tensorwise backward (matmul.py), the
     input cast tiled in those whose FQN contains one of ``tiled_cast_fqns``; returns their FQNs."""
     from torchao.float8.float8_linear import Float8Linear
 
@@ -249,7 +249,7 @@ def use_own_backward(model: nn.Module, tiled_cast_fqns: Iterable[str]) -> list[s
 
 def use_rowwise_backward(model: nn.Module) -> int:
     """Make ``model``'s rowwise float8 linears run our rowwise backward
-    (float8_rowwise_matmul.py); returns how many."""
+    (rowwise_matmul.py); returns how many."""
     from torchao.float8.float8_linear import Float8Linear
 
     from torchtitan.float8.rowwise_matmul import Float8RowwiseLinear, is_rowwise

@@ -11,11 +11,11 @@ w1 and w3 at 8B, 1.57 of a 20.8 ms block (docs/performance.md).
 ``rowwise`` recipe, with torchao's forward and casts, bit for bit, except that the weight-gradient
 matmul's column-wise casts go through ``float8_cast_columnwise``, an operator inductor cannot
 fuse: a one-read column amax and a tiled transposed cast that computes the scales from it
-(``float8_cast_kernel``), or torchao's own cast off CUDA.
+(``cast_kernel.py``), or torchao's own cast off CUDA.
 
 Both operands take it: the output gradient, and the input unless ``columnwise_input_cast`` is
 off (benchmarks compare with torchao's cast so). The input's cast runs in the backward under
-activation checkpointing (the recompute) and without it (``float8_recompute.py``'s pass), so the
+activation checkpointing (the recompute) and without it (``recompute.py``'s pass), so the
 forward keeps nothing more than for torchao's backward.
 
 Other recipes, DTensor operands and inputs already in float8 run torchao's function:

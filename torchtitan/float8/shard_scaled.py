@@ -1,7 +1,7 @@
 """``ShardScaledFloat8Linear``: torchao's ``Float8Linear`` run on the local TP shards.
 
 Imported only when float8 runs under TP (it imports torchao, an optional extra); the why is in
-``float8_tp.py``.
+``tp.py``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ linear's input is a norm's output, the compiled backward recomputes that output 
 backward's row reduction, and inductor fuses the transposed cast into the same kernel, where
 every store is a single byte a whole row away from the next (8B Float8 block: 1.76 of 18 ms,
 docs/performance.md). Behind this operator the norm output is written row-major and
-a tiled kernel transposes it (``float8_cast_kernel``, CUDA) or torchao's own cast and a transpose
+a tiled kernel transposes it (``cast_kernel.py``, CUDA) or torchao's own cast and a transpose
 do (CPU and emulation).
 
 Where the compiled step runs it: the partitioner may not recompute an operator it does not know,
@@ -52,12 +52,12 @@ def kernel_module(x: torch.Tensor):
     """The Triton kernel module for CUDA tensors when Triton is installed; None for the torch
     path. Not under Triton's CPU interpreter: it rounds some values to float8 differently from
     the GPU (126.7 to 64 instead of 128 in e4m3), so it cannot stand in for the kernel."""
-    return triton_kernels("float8_cast_kernel") if x.is_cuda else None
+    return triton_kernels("torchtitan.float8.cast_kernel") if x.is_cuda else None
 
 
 @functools.cache
 def triton_kernels(module: str):
-    """``torchtitan.parallel.<module>``, a module of Triton kernels; None without Triton."""
+    """The module of Triton kernels named ``module`` (its full name); None without Triton."""
     if importlib.util.find_spec("triton") is None:
         return None
-    return importlib.import_module(f"torchtitan.parallel.{module}")
+    return importlib.import_module(module)
