@@ -76,6 +76,16 @@ def draw(runs: list[RunMetrics], labels: list[str], out: Path, title: str | None
     plt.close(fig)
 
 
+def nothing_to_plot(run: RunMetrics) -> str:
+    """Why ``run`` (which has no logged step) cannot be plotted."""
+    files = f"{len(run.files)} metrics file(s)"
+    if run.bad_lines:
+        what = f"none of the {run.bad_lines} line(s) of its {files} is a JSON object with a step"
+    else:
+        what = f"its {files} hold no logged step yet (the run stopped before its first log)"
+    return f"{run.folder}: {what}; nothing to plot"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("runs", nargs="+", type=Path, help="job.dump_folder of each run")
@@ -91,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         runs = [read_metrics(folder) for folder in a.runs]
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    if empty := [run for run in runs if not run.rows]:
+        print(f"error: {nothing_to_plot(empty[0])}", file=sys.stderr)
         return 1
     for run in runs:
         for note in run.notes():

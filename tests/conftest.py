@@ -5,6 +5,8 @@ import os
 
 import pytest
 
+from tests.reaper import pytest_configure  # noqa: F401  (a killed run leaves no process behind)
+
 # Tests never reach the network: the bundled sample, local files and fake hub repos only.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

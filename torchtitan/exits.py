@@ -7,6 +7,7 @@
 | 2 | a mistake in the job: config, data, tokenizer, checkpoint |
 | 3 | a non-finite loss or gradient norm (``training.on_nonfinite = "stop"``) |
 | 4 | a communication failure: collective timeout, NCCL or gloo error, a lost peer |
+| 129 | the launcher (torchrun) is gone: the rank stopped at once, no checkpoint started |
 | 130, 143 | stopped by Ctrl-C or SIGTERM (saved first if checkpointing is on) |
 
 The line is logged, and under torchrun also written to the rank's ``TORCHELASTIC_ERROR_FILE``,

@@ -15,10 +15,8 @@ One sequence is streamed: the prompt, then each piece of text as it is decoded. 
 from __future__ import annotations
 
 import codecs
-import json
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -28,10 +26,18 @@ import torch
 from torchtitan.checkpoint import CheckpointError
 from torchtitan.config import ConfigError, JobConfig, parse_args
 from torchtitan.config.parse import take_flags
-from torchtitan.data.tokenizer import Tokenizer
+from torchtitan.data.tokenizer import JsonTokenizer, Tokenizer, load_tokenizer
+from torchtitan.inference.batch_output import (
+    ResultsFile,
+    batches_summary,
+    completed_text,
+    header,
+    stop_reason,
+    until_eos,
+)
 from torchtitan.inference.generation import PROMPT_PASS_TOKENS, generate_batch, generate_tokens
 from torchtitan.inference.prompts import read_prompts
-from torchtitan.inference.sampling import Sampling, TokenSampler, sequence_seed
+from torchtitan.inference.sampling import Sampling, TokenSampler
 from torchtitan.inference.weights import WeightsSource, load_model, locate_weights, model_args_for
 from torchtitan.models.llama3 import ModelArgs, Transformer
 
@@ -137,7 +143,7 @@ class GenerationJob:
     options: GenerateOptions
     source: WeightsSource
     args: ModelArgs
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | JsonTokenizer
     prompts: list[str]
     prompt_ids: list[list[int]]  # each with BOS
     device: torch.device
@@ -183,11 +189,16 @@ def prepare(options: GenerateOptions, rest: list[str]) -> GenerationJob:
     """Everything that can be checked without reading tensors; a mistake is one ValueError."""
     check_options(options)
     cfg = parse_args(rest)
+    if cfg.model.name != "llama3":
+        raise ConfigError(
+            f"generation runs Llama 3 models only; --model.name {cfg.model.name} trains but "
+            "does not generate yet"
+        )
     device = resolve_device(options.device)
     prompts = read_prompts(options.prompts_file) if options.prompts_file else [options.prompt]
     source = locate_weights(weights_path(cfg), cfg.checkpoint.initial_load_in_hf)
     args = model_args_for(source, cfg)
-    tokenizer = Tokenizer(cfg.model.tokenizer_path)
+    tokenizer = load_tokenizer(cfg.model.tokenizer_path)
     if tokenizer.vocab_size > args.vocab_size:
         raise ConfigError(
             f"tokenizer {cfg.model.tokenizer_path} has {tokenizer.vocab_size} tokens but the "
@@ -234,12 +245,12 @@ class TextStream:
     """Token ids -> text, piece by piece: the bytes of a character split over several tokens
     are held back until it is complete, so the pieces join to ``tokenizer.decode(ids)``."""
 
-    def __init__(self, tokenizer: Tokenizer):
+    def __init__(self, tokenizer: Tokenizer | JsonTokenizer):
         self.tokenizer = tokenizer
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def push(self, token_id: int) -> str:
-        return self.decoder.decode(self.tokenizer.encoding.decode_single_token_bytes(token_id))
+        return self.decoder.decode(self.tokenizer.token_bytes(token_id))
 
     def finish(self) -> str:
         return self.decoder.decode(b"", final=True)
@@ -290,49 +301,6 @@ def summary(ids: list[int], first: float, seconds: float, eos_id: int | None) ->
     return f"{line}; stopped at {stop_reason(ids, eos_id)}"
 
 
-def stop_reason(ids: list[int], eos_id: int | None) -> str:
-    return "EOS" if ids[-1] == eos_id else "--max_new_tokens"
-
-
-def until_eos(steps: Iterator[list[int]], sequences: int, eos_id: int | None) -> list[list[int]]:
-    """Each sequence's new tokens from ``generate_batch``'s steps, through its EOS if any."""
-    ids: list[list[int]] = [[] for _ in range(sequences)]
-    for tokens in steps:
-        for seq, token in zip(ids, tokens):
-            if not seq or seq[-1] != eos_id:
-                seq.append(token)
-    return ids
-
-
-class ResultsFile:
-    """``--output``: one JSON object per continuation, written as each batch ends (a run that
-    is stopped keeps the batches it finished). Created with ``x``: never overwrites."""
-
-    def __init__(self, path: str):
-        self.file = open(Path(path).expanduser(), "x", encoding="utf-8") if path else None
-
-    def write(self, job: GenerationJob, sequence: int, ids: list[int]) -> None:
-        if self.file is None:
-            return
-        prompt, sample = divmod(sequence, job.options.num_samples)
-        eos_id = job.tokenizer.eos_id
-        record = {
-            "prompt_index": prompt,
-            "sample": sample,
-            "seed": sequence_seed(job.options.sampling.seed, sequence),
-            "prompt": job.prompts[prompt],
-            "completion": job.tokenizer.decode([i for i in ids if i != eos_id]),
-            "token_ids": ids,
-            "stopped_at": stop_reason(ids, eos_id).lstrip("-"),
-        }
-        self.file.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self.file.flush()
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-
-
 def decode_batches(
     job: GenerationJob, model: Transformer, out: TextIO, results: ResultsFile
 ) -> list[list[int]]:
@@ -356,35 +324,6 @@ def decode_batches(
             all_ids.append(ids)
     log(batches_summary(job, all_ids, time.perf_counter() - start))
     return all_ids
-
-
-def header(job: GenerationJob, sequence: int, ids: list[int]) -> str:
-    """``--- prompt 2 of 3, sample 1 of 4: 24 tokens, stopped at EOS ---``."""
-    prompt, sample = divmod(sequence, job.options.num_samples)
-    which = f"prompt {prompt + 1} of {len(job.prompts)}"
-    if job.options.num_samples > 1:
-        which += f", sample {sample + 1} of {job.options.num_samples}"
-    return (
-        f"--- {which}: {len(ids)} tokens, stopped at {stop_reason(ids, job.tokenizer.eos_id)} ---"
-    )
-
-
-def completed_text(job: GenerationJob, sequence: int, ids: list[int]) -> str:
-    new = job.tokenizer.decode([i for i in ids if i != job.tokenizer.eos_id])
-    return job.prompts[sequence // job.options.num_samples] + new + "\n"
-
-
-def batches_summary(job: GenerationJob, all_ids: list[list[int]], seconds: float) -> str:
-    """``6 sequences in 2 batches of up to 4: 131 new tokens in 1.20s, 109.2 tokens/s; 1
-    stopped at EOS``."""
-    tokens = sum(map(len, all_ids))
-    batches = -(-len(all_ids) // job.options.batch_size)
-    eos = sum(ids[-1] == job.tokenizer.eos_id for ids in all_ids)
-    return (
-        f"{len(all_ids)} sequences in {batches} batch{'es' if batches > 1 else ''} of up to "
-        f"{job.options.batch_size}: {tokens} new tokens in {seconds:.2f}s, "
-        f"{tokens / seconds:.1f} tokens/s; {eos} stopped at EOS"
-    )
 
 
 def run(job: GenerationJob, out: TextIO) -> list[list[int]]:

@@ -19,6 +19,11 @@ changes what the user sees at the end:
   (``--shutdown-timeout``, torch >= 2.12), this launcher raises it to ``SHUTDOWN_TIMEOUT`` unless
   the user set it (the flag, ``PET_SHUTDOWN_TIMEOUT`` or ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``);
   older torch keeps its fixed 30 s.
+* **One run per dump folder.** A single-node trainer launch takes ``<job.dump_folder>/run.lock``
+  (``torchtitan/run_lock.py``) before anything is written and holds it for its ranks until it
+  ends; a second launch in the same folder ends at once with one line naming the holder (2).
+* **A launcher that dies** without a word (SIGKILL) takes its ranks with it: each rank watches
+  its parent and stops within a second (``runtime.LauncherWatch``).
 """
 
 from __future__ import annotations
@@ -157,19 +162,45 @@ def several_nodes(args) -> bool:
     return torchrun.parse_min_max_nnodes(args.nnodes)[1] > 1
 
 
-def default_log_dir(args) -> Path | None:
-    """``<job.dump_folder>/logs/<time>[-<node>]`` for the trainer, unless ``--log-dir`` is set."""
-    if args.log_dir or not (args.module and args.training_script == "torchtitan.train"):
-        return Path(args.log_dir) if args.log_dir else None
+def trainer_dump_folder(args) -> str | None:
+    """The ``job.dump_folder`` of a ``-m torchtitan.train`` launch; None for another target or
+    a config that does not parse (the ranks then say why)."""
+    if not (args.module and args.training_script == "torchtitan.train"):
+        return None
     from torchtitan.config import ConfigError, parse_args
 
     try:
-        dump_folder = parse_args(list(args.training_script_args)).job.dump_folder
+        return parse_args(list(args.training_script_args)).job.dump_folder
     except (ConfigError, SystemExit):
         return None
+
+
+def default_log_dir(args, dump_folder: str | None) -> Path | None:
+    """``<job.dump_folder>/logs/<time>[-<node>]`` for the trainer, unless ``--log-dir`` is set."""
+    if args.log_dir or dump_folder is None:
+        return Path(args.log_dir) if args.log_dir else None
     node = f"-{socket.gethostname()}" if several_nodes(args) else ""
     stamp = f"{datetime.now():%Y%m%d-%H%M%S}{node}"
     return Path(dump_folder).expanduser().absolute() / "logs" / stamp
+
+
+def lock_dump_folder(args, dump_folder: str | None):
+    """A single-node trainer launch holds the dump folder's lock for its ranks (``run_lock``;
+    they see ``HELD_ENV``), taken before anything is written, torchrun's restarts included.
+    Several nodes: rank 0 of the job takes it. -> the lock, or None; ``ConfigError`` (one
+    line) when another run holds it."""
+    if dump_folder is None or several_nodes(args):
+        return None
+    from torchtitan import run_lock
+
+    lock = run_lock.acquire(dump_folder)
+    if lock is None:
+        print(f"warning: {run_lock.unsupported_warning(dump_folder)}", file=sys.stderr)
+        return None
+    if lock.note:
+        print(f"warning: {lock.note}", file=sys.stderr)
+    os.environ[run_lock.HELD_ENV] = str(lock.path)
+    return lock
 
 
 def allow_time_to_save(args, environ=os.environ) -> None:
@@ -182,7 +213,23 @@ def allow_time_to_save(args, environ=os.environ) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = torchrun.parse_args(sys.argv[1:] if argv is None else argv)
-    log_dir = default_log_dir(args)
+    dump_folder = trainer_dump_folder(args)
+    from torchtitan.config import ConfigError
+
+    try:
+        lock = lock_dump_folder(args, dump_folder)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        return run(args, default_log_dir(args, dump_folder))
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def run(args, log_dir: Path | None) -> int:
+    """torchrun with ``args``, ending in the line that explains a failure; -> the exit code."""
     if log_dir is not None:
         args.log_dir = str(log_dir)
     if hasattr(args, "signals_to_handle"):  # torch >= 2.9; older ones keep torchrun's Ctrl-C

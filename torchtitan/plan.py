@@ -3,6 +3,8 @@
 Takes the trainer's config file and overrides (``--job.config_file FILE --section.key value``)
 plus the hardware, enumerates every layout the trainer accepts, and prints the fastest ones that
 fit with their estimated peak memory, tokens/s per GPU and ``run_train.sh`` command line.
+Exit status: 0 when a layout fits, 1 when none does (the closest are printed, and one line on
+stderr says what to change), 2 for a bad argument.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from torchtitan.config import ConfigError, parse_args
 from torchtitan.config.parse import take_flags
 from torchtitan.planning.hardware import CARDS, HardwareError, make_hardware
 from torchtitan.planning.layout import Layout, Workload
-from torchtitan.planning.report import format_plan
-from torchtitan.planning.search import Candidate, check_job, evaluate, search
+from torchtitan.planning.report import format_plan, nothing_fits
+from torchtitan.planning.search import Candidate, Plan, check_job, evaluate, search
 
 FLAGS = {
     "gpus": (int, "GPUs per node (as NGPU of run_train.sh); required"),
@@ -55,7 +57,7 @@ def _current(cfg, plan, hw) -> Candidate:
     return evaluate(Workload.from_config(cfg), layout, hw)
 
 
-def run(argv: list[str]) -> str:
+def run(argv: list[str]) -> tuple[str, Plan]:
     options, config_args = take_flags(argv, {name: kind for name, (kind, _) in FLAGS.items()})
     hw = _hardware(options)
     cfg = parse_args(config_args)
@@ -63,7 +65,7 @@ def run(argv: list[str]) -> str:
         raise HardwareError(f"--top must be positive; got {options['top']}")
     work = Workload.from_config(cfg).with_(compile=True, compile_loss=True)
     plan = search(cfg, work, hw)
-    return format_plan(
+    text = format_plan(
         plan,
         cfg,
         cfg.job.config_file,
@@ -71,6 +73,7 @@ def run(argv: list[str]) -> str:
         explain=options.get("explain", False),
         current=_current(cfg, plan, hw),
     )
+    return text, plan
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,12 +82,17 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0
     try:
-        print(run(argv), flush=True)
+        text, plan = run(argv)
+        print(text, flush=True)
     except BrokenPipeError:  # e.g. piped into head
         sys.stdout = None
+        return 0
     except (ConfigError, HardwareError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if not plan.fits:  # the table above shows the closest layouts; a script must not go on
+        print(f"error: {nothing_fits(plan)}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -3,6 +3,8 @@ restarts."""
 
 from __future__ import annotations
 
+import atexit
+import dataclasses
 import gc
 import logging
 import os
@@ -14,7 +16,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from torchtitan.config import JobConfig
+from torchtitan import run_lock
+from torchtitan.config import ConfigError, JobConfig
+from torchtitan.config.base import _toml_value
 from torchtitan.launch import STOP_SIGNAL_NAMES, child_pids, stop_signal_name
 from torchtitan.observability import flight_recorder
 from torchtitan.parallel.compile import use_per_rank_compile_cache
@@ -79,11 +83,14 @@ def init_process(cfg: JobConfig, dims: ParallelDims, device: torch.device, rank:
     gc.collect(1)
 
 
-def shutdown_process() -> None:
-    """Undo ``init_process``: leave the process group, give garbage collection back."""
+def shutdown_process(lock: run_lock.RunLock | None = None) -> None:
+    """Undo ``init_process``: leave the process group, give garbage collection back; release
+    the dump folder's ``lock`` (from ``start_locked_job``) last."""
     if dist.is_initialized():
         dist.destroy_process_group()
     gc.enable()
+    if lock is not None:
+        lock.release()
 
 
 class Preempted(SystemExit):
@@ -219,6 +226,54 @@ class PreemptionGuard:
         return False
 
 
+class LauncherWatch:
+    """Under torchrun: stop this rank soon after its launcher (torchrun's agent, its parent
+    process) dies without a word (SIGKILL). The rank runs in a session of its own, so nothing
+    else would stop it: it would go on training and writing checkpoints into a folder that a
+    relaunch is already using.
+
+    A thread checks every ``POLL_SECONDS`` whether the parent process changed (rather than
+    ``PR_SET_PDEATHSIG``, which fires when the parent's *thread* that started the rank ends,
+    and kills without a word). When it did, the rank logs one line and ends at once
+    (``os._exit``, code ``EXIT_CODE``): no checkpoint is started, and a save in progress stays
+    ``step-N.tmp``, which the next run ignores and removes (complete steps are only ever made
+    visible by a rename). Inert outside torchrun (no ``TORCHELASTIC_RUN_ID``): a plain process
+    may outlive its shell (``nohup``).
+    """
+
+    POLL_SECONDS = 0.5
+    EXIT_CODE = 128 + signal.SIGHUP  # as a hangup: its controlling process is gone
+
+    def __init__(self, environ=os.environ):
+        self.armed = "TORCHELASTIC_RUN_ID" in environ
+        self._stop = threading.Event()
+
+    def start(self) -> LauncherWatch:
+        if self.armed:
+            self._parent = os.getppid()
+            thread = threading.Thread(target=self._watch, name="launcher-watch", daemon=True)
+            thread.start()
+        return self
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.POLL_SECONDS):
+            if os.getppid() != self._parent:
+                self._launcher_gone()
+
+    def _launcher_gone(self) -> None:
+        logger.error(
+            "the launcher (pid %d) is gone: stopping now, no checkpoint started (a save in "
+            "progress stays step-N.tmp, which the next run removes)",
+            self._parent,
+        )
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(self.EXIT_CODE)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
 def _restart_safe_store(timeout: timedelta) -> dict:
     """``init_process_group`` arguments that keep a torchrun restart off the last attempt's keys.
 
@@ -246,16 +301,75 @@ def _restart_safe_store(timeout: timedelta) -> dict:
 
 
 def start_job(cfg: JobConfig) -> tuple[CheckedJob, str]:
-    """Validate the job, set up this process and save the effective config; -> (job, run id)."""
+    """``start_locked_job`` for a process that keeps the dump folder's lock until it exits."""
+    job, run_id, lock = start_locked_job(cfg)
+    if lock is not None:
+        atexit.register(lock.release)
+    return job, run_id
+
+
+def start_locked_job(cfg: JobConfig) -> tuple[CheckedJob, str, run_lock.RunLock | None]:
+    """Validate the job, take the dump folder's lock (``run_lock``; rank 0, unless the launcher
+    holds it), set up this process, save the effective config and log one line about it;
+    -> (job, run id, the lock this process took or None: release it when the run ends)."""
     job = check_job(cfg, env_world_size())
     run_id = new_run_id()
-    init_process(cfg, job.dims, pick_device(), env_rank())
-    text = cfg.to_toml()
-    logger.info("effective config:\n%s", text)
-    for warning in job.warnings:
-        logger.warning(warning)
-    if env_rank() == 0:
-        folder = Path(cfg.job.dump_folder) / "configs"
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{run_id}.toml").write_text(text)
-    return job, run_id
+    lock, refused = _lock_dump_folder(cfg.job.dump_folder)
+    try:
+        init_process(cfg, job.dims, pick_device(), env_rank())
+        _agree_on_lock(refused)
+        for warning in job.warnings:
+            logger.warning(warning)
+        if env_rank() == 0:
+            folder = Path(cfg.job.dump_folder) / "configs"
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"{run_id}.toml"
+            path.write_text(cfg.to_toml())
+            logger.info("config saved to %s; %s", path, config_changes(cfg))
+    except BaseException:
+        shutdown_process(lock)
+        raise
+    return job, run_id, lock
+
+
+def _lock_dump_folder(dump_folder: str) -> tuple[run_lock.RunLock | None, ConfigError | None]:
+    """On rank 0, before anything is written: (the lock, None) or (None, why not). (None, None)
+    on the other ranks, where the launcher holds it, or where the filesystem has no locks (with
+    a warning)."""
+    if env_rank() != 0 or run_lock.held_by_launcher(dump_folder):
+        return None, None
+    try:
+        lock = run_lock.acquire(dump_folder)
+    except ConfigError as error:
+        return None, error
+    if lock is None:
+        logger.warning(run_lock.unsupported_warning(dump_folder))
+    elif lock.note:
+        logger.warning(lock.note)
+    return lock, None
+
+
+def _agree_on_lock(error: ConfigError | None) -> None:
+    """Every rank raises rank 0's lock error (another run holds the folder: exit code 2)."""
+    box = [str(error) if error is not None else None]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(box, src=0)
+    if error is not None:
+        raise error
+    if box[0] is not None:
+        raise run_lock.FolderInUse(box[0])
+
+
+def config_changes(cfg: JobConfig) -> str:
+    """The options that differ from the defaults, as ``section.key=value``, in one line."""
+    defaults = JobConfig()
+    changed = []
+    for section in dataclasses.fields(cfg):
+        ours, theirs = getattr(cfg, section.name), getattr(defaults, section.name)
+        for f in dataclasses.fields(ours):
+            value = getattr(ours, f.name)
+            if value != getattr(theirs, f.name):
+                changed.append(f"{section.name}.{f.name}={_toml_value(value)}")
+    if not changed:
+        return "every option at its default"
+    return "options that differ from the defaults: " + ", ".join(changed)

@@ -42,7 +42,7 @@ class Trainer:
         self.cfg = cfg
         self.device, self.rank = runtime.pick_device(), runtime.env_rank()
         self.faults = FaultInjector(self.rank)
-        job, self.run_id = runtime.start_job(cfg)
+        job, self.run_id, self.run_lock = runtime.start_locked_job(cfg)
         self.tokenizer, self.model_args = job.tokenizer, job.model_args
         self.dims, self.accum_steps = job.dims, job.accum_steps
         self.dump_folder = Path(cfg.job.dump_folder)
@@ -368,7 +368,7 @@ class Trainer:
 
     def close(self) -> None:
         self.metrics.close()
-        runtime.shutdown_process()
+        runtime.shutdown_process(self.run_lock)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -396,3 +396,4 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+    runtime.LauncherWatch().start()  # until the process ends

@@ -30,7 +30,7 @@ import torch.nn as nn
 from torchtitan.config import JobConfig
 from torchtitan.data.errors import DataError
 from torchtitan.data.loader import Batch, TextLoader, build_dataloader
-from torchtitan.data.splits import validation_batch_size, validation_dataset
+from torchtitan.data.splits import about_validation, validation_batch_size, validation_dataset
 from torchtitan.data.tokenizer import Tokenizer
 from torchtitan.parallel.dims import ParallelDims
 from torchtitan.parallel.pipeline import StagePlan
@@ -67,21 +67,13 @@ class Validator:
     ):
         self.cfg, self.dims, self.device, self.pieces = cfg, dims, device, pieces
         self.local_batch_size = validation_batch_size(cfg)
-        self.loader = build_dataloader(
-            validation_dataset(cfg),
-            tokenizer,
-            seq_len=cfg.training.seq_len,
-            local_batch_size=self.local_batch_size,
-            dp_rank=dims.dp_rank if dist.is_initialized() else 0,
-            dp_world_size=dims.dp_degree,
-            infinite=False,  # -1 steps = one pass; more steps than batches stop at the end
-            text_field=cfg.training.text_field,
-            num_workers=0,  # it reads the data once: a worker process would only cost its start
-            pin_memory=False,
-        )
-        self.limit = None if cfg.validation.steps == -1 else cfg.validation.steps
-        self.batches = HeldOutBatches(self.loader, self.limit)
-        self._check_one_batch()
+        try:  # a mistake in the data is named as the validation data's
+            self.loader = self._build_loader(tokenizer)
+            self.limit = None if cfg.validation.steps == -1 else cfg.validation.steps
+            self.batches = HeldOutBatches(self.loader, self.limit)
+            self._check_one_batch()
+        except DataError as e:
+            raise about_validation(e) from None
         self.pipeline = self._pipeline_forward() if dims.pp > 1 else None
         self._warned_short = False
         v = cfg.validation
@@ -92,6 +84,21 @@ class Validator:
             self.local_batch_size,
             cfg.training.seq_len,
             v.freq,
+        )
+
+    def _build_loader(self, tokenizer: Tokenizer) -> TextLoader:
+        cfg, dims = self.cfg, self.dims
+        return build_dataloader(
+            validation_dataset(cfg),
+            tokenizer,
+            seq_len=cfg.training.seq_len,
+            local_batch_size=self.local_batch_size,
+            dp_rank=dims.dp_rank if dist.is_initialized() else 0,
+            dp_world_size=dims.dp_degree,
+            infinite=False,  # -1 steps = one pass; more steps than batches stop at the end
+            text_field=cfg.training.text_field,
+            num_workers=0,  # it reads the data once: a worker process would only cost its start
+            pin_memory=False,
         )
 
     def should_run(self, step: int, last_step: bool) -> bool:

@@ -5,10 +5,13 @@
 2. FSDP2 x TP2, fresh weights: ``load()`` must resume at step 2 with the same full states, lr,
    train state and the same next global batch (the data state is layout-independent).
 3. Truncate one rank's shard of step 2: every rank must fall back to step 1 together.
+4. One rank's write of step 3 fails for space: every rank raises the same line, and the partial
+   folder is removed.
 
 Prints ``CHECKPOINT-DIST OK`` on rank 0 at the end. Usage: torchrun ... checkpoint_worker.py DIR
 """
 
+import errno
 import logging
 import sys
 from datetime import timedelta
@@ -16,6 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint.filesystem as dcp_files
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -24,7 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
-from torchtitan.checkpoint import CheckpointManager, TrainState
+from torchtitan.checkpoint import CheckpointError, CheckpointManager, TrainState
 from torchtitan.config import ASSETS, Checkpoint, JobConfig
 from torchtitan.data import Tokenizer, build_dataloader
 from torchtitan.loss import loss_context
@@ -154,8 +158,31 @@ def main() -> None:
             f.truncate(shard.stat().st_size // 3)
     dist.barrier()
     c = Run(tp=2, seed=2, tokenizer=tokenizer)
-    assert c.manager(folder).load() == 1
+    c_manager = c.manager(folder)
+    assert c_manager.load() == 1
     assert_same(c.full_state(), step1, "step 1 after falling back")
+
+    # 4. Rank 2's disk fills while step 3 is written: every rank raises the same line, rank 0
+    # removes the partial step-3.tmp, the complete steps stay.
+    write_item = dcp_files._write_item
+
+    def full_disk(transforms, stream, *args, **kwargs):
+        if rank == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write_item(transforms, stream, *args, **kwargs)
+
+    dcp_files._write_item = full_disk
+    c.train_step()
+    try:
+        c_manager.save(3)
+        raise AssertionError("the save of step 3 did not fail")
+    except CheckpointError as e:
+        line = str(e)
+    lines = [None] * dist.get_world_size()
+    dist.all_gather_object(lines, line)
+    assert len(set(lines)) == 1 and f"the disk of {checkpoints} is full (" in line, lines
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-1", "step-2"]
+    dcp_files._write_item = write_item
 
     dist.barrier()
     if rank == 0:

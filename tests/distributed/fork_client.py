@@ -1,5 +1,6 @@
 """The test side of ``fork_server.py``: start the server on first use, send it a command, collect
-the command's output and exit code, and kill the command's tree on a timeout."""
+the command's output and exit code, and kill the command's tree on a timeout. The server and
+what it runs die with this process (``tests/reaper.py``)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ import json
 import os
 import select
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from tests.reaper import descendants, sigkill_groups
 
 SERVER = Path(__file__).with_name("fork_server.py")
 START_SECONDS = 120
@@ -30,8 +32,9 @@ class ForkClient:
         self.folder = tempfile.mkdtemp(prefix="fork-server-")
         self.path = os.path.join(self.folder, "socket")
         # Output to /dev/null: an orphaned server must not hold the test runner's output open.
+        # It dies with this process (fork_server.py): the pid says which one that is.
         self.proc = subprocess.Popen(
-            [sys.executable, str(SERVER), self.path],
+            [sys.executable, str(SERVER), self.path, str(os.getpid())],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -100,36 +103,7 @@ def collect(conn: socket.socket, read_end: int, deadline: float) -> tuple[int | 
     return int(replies.split(b"\n")[1]), b"".join(chunks).decode(errors="replace")
 
 
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (Linux /proc); [] where /proc is unavailable."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return found
-
-
 def kill_tree(pid: int) -> None:
     """SIGKILL ``pid``'s process group and every descendant's (a run's own children may have
     started sessions of their own)."""
     sigkill_groups([pid, *descendants(pid)])
-
-
-def sigkill_groups(pids: list[int]) -> None:
-    """SIGKILL each pid's process group, or the process alone where it leads none."""
-    for each in pids:
-        try:
-            os.killpg(each, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            try:
-                os.kill(each, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass

@@ -37,6 +37,12 @@ from typing import NoReturn
 
 import torchtitan.train  # noqa: F401  (the expensive imports, done once before the forks)
 
+try:
+    from tests.reaper import die_with_parent
+except ImportError:  # run as a script: this folder is on sys.path, the checkout may not be
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests.reaper import die_with_parent
+
 GRACE_SECONDS = 5.0
 # After the first failure, how long the other ranks may take to end on their own before they are
 # stopped: ranks failing for the same reason (a bad flag) finish saying so.
@@ -60,10 +66,14 @@ def run_target(target: list[str]) -> None:
         runpy.run_path(target[0], run_name="__main__")
 
 
-def run_rank(rank: int, nproc: int, port: int, log: Path, target: list[str]) -> NoReturn:
-    """In the forked child: become rank ``rank`` and run the target; never returns."""
+def run_rank(
+    rank: int, nproc: int, port: int, log: Path, target: list[str], parent: int
+) -> NoReturn:
+    """In the forked child: become rank ``rank`` and run the target (it dies with ``parent``,
+    this launcher); never returns."""
 
     def become_rank() -> None:
+        die_with_parent(parent)
         os.environ.update(
             RANK=str(rank),
             LOCAL_RANK=str(rank),
@@ -156,11 +166,11 @@ def main(argv: list[str]) -> int:
     port = free_port()
     sys.stdout.flush()
     sys.stderr.flush()
-    ranks = {}
+    ranks, me = {}, os.getpid()
     for rank in range(nproc):
         pid = os.fork()
         if pid == 0:
-            run_rank(rank, nproc, port, log_dir / f"rank_{rank}.log", target)
+            run_rank(rank, nproc, port, log_dir / f"rank_{rank}.log", target, me)
         ranks[pid] = rank
     signal.signal(signal.SIGTERM, lambda *_: (stop_all(set(ranks)), os._exit(143)))
     code, failure = wait_for_ranks(ranks)

@@ -1,6 +1,6 @@
 """A process that has imported the trainer once and forks the tests' Python runs from it.
 
-    python tests/distributed/fork_server.py SOCKET
+    python tests/distributed/fork_server.py SOCKET PARENT_PID
 
 Every ``python fork_ranks.py ...`` or ``python -m torchtitan.train ...`` a test starts would import
 torch and the trainer first (about 5 s of CPU on the 2-core CI machine, some 90 times in the
@@ -10,8 +10,9 @@ server forks a child that becomes that command (``fork_ranks``'s ``main``, or th
 script target as ``python`` would run it), replies with the child's pid, and with its exit code
 when it ends. The child starts its own session, so a timeout can kill its whole tree. Nothing but
 imports has run in the server, so a child starts from the same state as a fresh interpreter
-after them. Requests are served one at a time; the server ends when the test process that
-started it does.
+after them. Requests are served one at a time. The server dies with the test process that started
+it (PARENT_PID), and each forked run with the server (parent-death signal, ``tests/reaper.py``),
+so a killed test run leaves neither behind.
 """
 
 from __future__ import annotations
@@ -23,13 +24,15 @@ import sys
 from pathlib import Path
 
 import fork_ranks  # the trainer's imports, done once
+from fork_ranks import die_with_parent
 
 REQUEST_BYTES = 1 << 20
 
 
-def become(request: dict, out_fd: int) -> int:
+def become(request: dict, out_fd: int, server: int) -> int:
     """In the forked child: take the request's environment, directory and output, run it;
     -> its exit code."""
+    die_with_parent(server)
     os.setsid()
     os.dup2(out_fd, 1)
     os.dup2(out_fd, 2)
@@ -47,11 +50,12 @@ def become(request: dict, out_fd: int) -> int:
 def serve_one(conn: socket.socket, server: socket.socket) -> None:
     message, fds, _, _ = socket.recv_fds(conn, REQUEST_BYTES, 1)
     request = json.loads(message)
+    me = os.getpid()
     pid = os.fork()
     if pid == 0:
         conn.close()
         server.close()
-        fork_ranks.run_then_exit(lambda: become(request, fds[0]))
+        fork_ranks.run_then_exit(lambda: become(request, fds[0], me))
     os.close(fds[0])
     try:
         conn.sendall(f"{pid}\n".encode())
@@ -63,8 +67,8 @@ def serve_one(conn: socket.socket, server: socket.socket) -> None:
         pass
 
 
-def serve(path: str) -> None:
-    parent = os.getppid()
+def serve(path: str, parent: int) -> None:
+    die_with_parent(parent)
     server = socket.socket(socket.AF_UNIX)
     server.bind(path + ".new")
     server.listen()
@@ -81,4 +85,4 @@ def serve(path: str) -> None:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(sys.argv[1], int(sys.argv[2]))

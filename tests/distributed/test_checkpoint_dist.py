@@ -2,7 +2,8 @@
 
 One launch runs tests/distributed/checkpoint_worker.py, which asserts on every rank that the
 full model and optimizer states, the lr, the train state and the next global batch survive the
-resharding, and that a truncated shard makes all ranks fall back to the previous step together.
+resharding, that a truncated shard makes all ranks fall back to the previous step together,
+and that one rank running out of disk space ends the save on every rank in the same line.
 """
 
 import sys

@@ -13,7 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed.launch import ROOT, TINY_JOB, kill_tree, read_metrics
+from tests.distributed.launch import (
+    FORK_CLIENT,
+    FORK_RANKS,
+    ROOT,
+    TINY_JOB,
+    kill_tree,
+    read_metrics,
+)
+from tests.reaper import descendants, running, sigkill_groups
+from torchtitan import run_lock
 
 RUN_TRAIN = ROOT / "run_train.sh"
 JOB = [
@@ -191,3 +200,76 @@ def test_run_train_sh_from_another_directory_reads_and_writes_there(tmp_path):
         "'train_configs/debug_model.toml'); the bundled one is "
         f"{ROOT}/train_configs/debug_model.toml"
     )
+
+
+# --------------------------------------------------------------------------- processes and folders
+
+
+def step_folders(dump_folder: Path) -> list[str]:
+    folder = dump_folder / "checkpoint"
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
+def test_ranks_stop_when_their_launcher_is_killed(tmp_path):
+    """`kill -KILL -<pgid>` of a setsid'd run_train.sh kills torchrun's agent alone (the ranks
+    run in sessions of their own): each rank sees its parent gone and stops within 10 s, starts
+    no further checkpoint, and says why in its log. Step 6 is slowed so that an orphan would
+    still be running (and saving every step) when the test looks."""
+    out, log = tmp_path / "out", tmp_path / "log.txt"
+    args = [*JOB, "--training.steps=40", "--checkpoint.enable", "--checkpoint.interval=1"]
+    env = {"NGPU": "2", "TORCHTITAN_FAULT": "delay:step=6:seconds=30"}
+    proc = start([str(RUN_TRAIN), *args, f"--job.dump_folder={out}"], log, tmp_path, env)
+    ranks = []
+    try:
+        wait_for("fault injection: delay", proc, log)
+        ranks = [p for p in descendants(proc.pid) if "torchtitan.train" in cmdline(p)]
+        assert len(ranks) == 2, [cmdline(p) for p in descendants(proc.pid)]
+        before = step_folders(out)
+        os.killpg(proc.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        while any(running(p) for p in ranks) and time.monotonic() - killed < 10:
+            time.sleep(0.1)
+        assert not any(running(p) for p in ranks), "a rank outlived its launcher by 10 s"
+    finally:
+        kill_tree(proc)
+        sigkill_groups(ranks)
+    time.sleep(1)
+    assert step_folders(out) == before == [f"step-{s}" for s in range(1, 6)], before
+    rank_log = next(out.glob("logs/*/*/attempt_0/0/stderr.log")).read_text()
+    assert "the launcher (pid" in rank_log and "is gone: stopping now" in rank_log, rank_log[-2000:]
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+    except OSError:
+        return ""
+
+
+def test_a_second_run_in_the_same_folder_exits_2_naming_the_holder(tmp_path):
+    """The folder's lock is held (by this test, as by a first run): under the launcher the second
+    run ends before torchrun starts anything and writes nothing; as two ranks without a
+    launcher, rank 0 finds the folder taken and every rank ends with its line (the ranks only
+    create the Flight Recorder's folder, empty, before they hear rank 0's verdict)."""
+    out = tmp_path / "out"
+    with run_lock.acquire(out) as held:
+        holder = run_lock.Holder.parse(held.path.read_text())
+        line = (
+            f"error: job.dump_folder {out} is in use by another run ({holder.describe()}); wait "
+            "for it to end, stop it, or pass another --job.dump_folder"
+        )
+        launch = [sys.executable, "-m", "torchtitan.launch", "--standalone", "--nproc_per_node=2"]
+        rc, lines = run(
+            [*launch, "-m", "torchtitan.train", *JOB, f"--job.dump_folder={out}"], tmp_path
+        )
+        assert (rc, lines[-1]) == (2, line), lines[-5:]
+        assert sorted(p.name for p in out.iterdir()) == [run_lock.LOCK_NAME]
+        logs = tmp_path / "ranks"
+        ranks = [str(FORK_RANKS), "2", str(logs), "-m", "torchtitan.train", *JOB]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+        rc, _ = FORK_CLIENT.run([*ranks, f"--job.dump_folder={out}"], env, str(ROOT), 120)
+        assert rc == 2
+        for rank in (0, 1):
+            assert (logs / f"rank_{rank}.log").read_text().splitlines()[-1].endswith(line)
+    assert sorted(p.name for p in out.iterdir()) == ["comm_traces", run_lock.LOCK_NAME]
+    assert not any((out / "comm_traces").iterdir())

@@ -394,9 +394,8 @@ def test_a_bad_line_past_the_first_is_named_when_loading(tokenizer, tmp_path):
     resolve_source(str(path))  # the first record is fine
     with pytest.raises(DataError) as error:
         TextDataset(str(path), tokenizer, SEQ_LEN)
-    assert str(error.value) == (
-        f"could not load dataset {path}: {path}, line 3: not valid JSON: Expecting ',' "
-        "delimiter (column 17)"
+    assert str(error.value) == (  # the file named once
+        f"dataset file {path}, line 3: not valid JSON: Expecting ',' delimiter (column 17)"
     )
 
 

@@ -344,9 +344,26 @@ def test_cli_errors_are_one_line(exported, capsys):
         err = capsys.readouterr().err
         assert err.startswith(f"error: {start}") and err.count("\n") == 1, (argv, err)
         if "1B" in argv:
-            assert "does not match --model.flavor 1B" in err and "flavor debugmodel fits it" in err
+            assert "does not match --model.flavor 1B: vocab_size 4096 vs 128256, dim 256 vs " in err
+            assert err.endswith("(checkpoint vs model); --model.flavor debugmodel fits it\n")
         if "--training.seq_len" in argv:
             assert "exceeds the model's context of 8 tokens (--training.seq_len)" in err
+
+
+def test_a_shape_override_mismatch_names_what_differs(exported, capsys):
+    """A user already on debugmodel is not told that debugmodel fits: the override differs."""
+    ckpt = f"--checkpoint.initial_load_path={exported / 'ckpt'}"
+    assert generate.main([ckpt, "--model.n_layers", "4"], out=io.StringIO()) == 2
+    assert capsys.readouterr().err == (
+        f"error: checkpoint {exported / 'ckpt' / 'step-0'} does not match --model.flavor "
+        "debugmodel with --model.n_layers 4: n_layers 6 vs 4 (checkpoint vs model); drop "
+        "--model.n_layers: flavor debugmodel as it is fits it\n"
+    )
+    argv = [ckpt, "--model.flavor", "1B", "--model.dim", "256", "--model.vocab_size", "4096"]
+    assert generate.main(argv, out=io.StringIO()) == 2
+    assert capsys.readouterr().err.endswith(
+        "--model.flavor debugmodel fits it (without --model.vocab_size, --model.dim)\n"
+    )
 
 
 def test_unreadable_checkpoint_is_one_line(exported, tmp_path, capsys):

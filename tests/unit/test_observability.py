@@ -42,7 +42,7 @@ def test_fault_spec_parsing():
         ("delay:rank=1:step=3", "delay needs seconds"),
         ("crash:rank=1", "crash needs step"),
         ("crash:step=x", "step must be a number"),
-        ("crash:step=1:when=now", "crash takes attempt, rank, step; got 'when'"),
+        ("crash:step=1:when=now", "crash takes at, attempt, rank, step; got 'when'"),
         ("crash:step", "expected key=value"),
         ("crash:step=-1", "must be >= 0"),
     ],

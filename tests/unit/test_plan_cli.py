@@ -74,23 +74,18 @@ def test_explain_lists_rejections(capsys):
     assert len(commands(out)) == 2
 
 
-def test_custom_card_and_nothing_fits(capsys):
-    out = run_plan(
-        capsys,
-        "--job.config_file",
-        CONFIG_8B,
-        "--gpus",
-        "1",
-        "--memory-gib",
-        "16",
-        "--tflops",
-        "100",
-        "--nvlink-gbps",
-        "50",
-        "--network-gbps",
-        "10",
+def test_custom_card_and_nothing_fits_exits_1(capsys):
+    card = ["--memory-gib", "16", "--tflops", "100", "--nvlink-gbps", "50", "--network-gbps", "10"]
+    assert plan_main(["--job.config_file", CONFIG_8B, "--gpus", "1", *card]) == 1
+    captured = capsys.readouterr()
+    assert "nothing fits" in captured.out and "custom" in captured.out
+    assert captured.err.count("\n") == 1 and captured.err.startswith(
+        "error: no layout fits in 13.5 GiB per GPU: the closest, "
     )
-    assert "nothing fits" in out and "custom" in out
+    assert captured.err.rstrip().endswith(
+        "; use more GPUs (--gpus, --nodes) or a card with more memory, or lower "
+        "--training.seq_len or --training.global_batch_size"
+    )
 
 
 @pytest.mark.parametrize(

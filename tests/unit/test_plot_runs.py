@@ -107,3 +107,29 @@ def test_plot_runs_errors_are_one_line(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err == (
         'error: plot_runs.py needs matplotlib: pip install -e ".[plot]"\n'
     )
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
+def test_plot_runs_refuses_a_run_with_no_readable_line(tmp_path, capsys):
+    """An empty plot with exit 0 would hide that nothing was read."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import plot_runs
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    good, garbled, empty = tmp_path / "good", tmp_path / "garbled", tmp_path / "empty"
+    write_launch(good, "run", [row(1, 3.0)])
+    (write_launch(garbled, "run", [])).write_text('{"step": 1, "lo\nnot json\n[1, 2]\n')
+    write_launch(empty, "run", [])
+    png = tmp_path / "runs.png"
+    assert plot_runs.main([str(good), str(garbled), "-o", str(png)]) == 1
+    assert capsys.readouterr().err == (
+        f"error: {garbled}: none of the 3 line(s) of its 1 metrics file(s) is a JSON object with "
+        "a step; nothing to plot\n"
+    )
+    assert plot_runs.main([str(empty), "-o", str(png)]) == 1
+    assert capsys.readouterr().err == (
+        f"error: {empty}: its 1 metrics file(s) hold no logged step yet (the run stopped before "
+        "its first log); nothing to plot\n"
+    )
+    assert not png.exists()

@@ -83,7 +83,7 @@ def test_bad_model_shapes_are_one_line(capsys, argv, expected):
 
 def test_bad_validation_data_is_one_line(capsys):
     err = run_preflight(capsys, "--validation.enable", "--validation.dataset", "/nope/val.jsonl")
-    assert "dataset path not found: /nope/val.jsonl" in err
+    assert err == "error: validation dataset path not found: /nope/val.jsonl\n"
 
 
 def test_empty_dataset_file(tmp_path, capsys):

@@ -126,6 +126,15 @@ def test_validation_data_smaller_than_a_batch_fails_at_start(tmp_path):
         make_trainer(tmp_path, "--validation.enable", f"--validation.dataset={tiny}")
 
 
+def test_a_bad_validation_record_is_named_as_the_validation_data(tmp_path):
+    """Preflight reads the first record only; the loader's error still says which data it is."""
+    bad = tmp_path / "val.jsonl"
+    bad.write_text(json.dumps({"text": "fine"}) + "\n" + '{"text": "cut\n')
+    with pytest.raises(DataError) as error:
+        make_trainer(tmp_path, "--validation.enable", f"--validation.dataset={bad}")
+    assert str(error.value).startswith(f"validation dataset file {bad}, line 2: not valid JSON")
+
+
 @pytest.mark.parametrize(
     "training, expected",
     [

@@ -8,6 +8,8 @@ One concern per module:
   K, found when complete (``complete_steps``, ``find_checkpoint``), a stale one moved aside (and
   the steps after an explicit ``load_step``, an abandoned branch);
 * ``async_save``: background writes (staged in host memory, pinned on CUDA);
+* ``space``: the size of a checkpoint, whether the disk holds what a run keeps (preflight), and
+  the line a save that ran out of space ends with;
 * ``safe_io``: reading without unpickling arbitrary objects (``SafeFileSystemReader``,
   ``SafeLoadPlanner``);
 * ``consensus``: every rank takes the same decision and raises the same one-line error;

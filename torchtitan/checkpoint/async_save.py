@@ -1,8 +1,8 @@
 """Asynchronous saves: the state is staged in host memory, then written by a background thread.
 
-At most one save is in flight. ``finish`` waits for it and checks on every rank that it
-succeeded; only then may the caller rename its folder into place, so a step is never visible
-under its final name before its write has completed.
+At most one save is in flight. ``finish`` waits for it and reports this rank's failure; the
+caller checks with every rank that it succeeded and only then renames its folder into place, so
+a step is never visible under its final name before its write has completed.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from torchtitan.checkpoint.consensus import Consensus
-from torchtitan.checkpoint.errors import CheckpointError, describe_error
+from torchtitan.checkpoint.errors import describe_error
+from torchtitan.checkpoint.space import out_of_space
 
 try:  # torch >= 2.9: staging into (pinned) CPU buffers that are reused across saves
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
@@ -41,6 +42,7 @@ class PendingSave:
     blocked: float
     stager: Any = None  # the pinned-memory stager of this save, closed when it is finished
     done_at: float | None = None
+    failure: tuple[str, bool] | None = None  # this rank's (one-line error, out of space)
 
 
 def _pinned_stager():
@@ -132,24 +134,20 @@ class AsyncSaver:
         self.wait_for_staging()
 
     def finish(self) -> PendingSave | None:
-        """Wait for the pending save (None if there is none); a one-line CheckpointError on every
-        rank if any rank's write failed."""
+        """Wait for the pending save (None if there is none); its ``failure`` is this rank's
+        error, if its write failed (the caller agrees on it with the other ranks)."""
         pending, self._pending = self._pending, None
         if pending is None:
             return None
-        error = None
         try:
             if pending.staging is not None:
                 pending.staging.result()
             pending.upload.result()
         except (Exception, CheckpointException) as e:
-            error = describe_error(e)
+            pending.failure = (describe_error(e), out_of_space(e))
         finally:
             if pending.stager is not None:
                 pending.stager.close()  # frees (unpins) its buffers
-        error = self._consensus.first_error(error)
-        if error is not None:
-            raise CheckpointError(f"checkpoint step-{pending.step} could not be written: {error}")
         return pending
 
     def remove_hooks(self) -> None:

@@ -135,6 +135,8 @@ class StepFolders:
                 if TRANSIENT_RE.match(child.name) and child.is_dir():
                     logger.warning("removing unfinished checkpoint folder %s", child)
                     shutil.rmtree(child)
+            if self.keep_latest_k > 0:  # steps an earlier run kept beyond this run's k: not
+                self._purge(wait=True)  # on disk with the new one (k + 1 at most while saving)
         tmp = temporary(self.final(step))
         if tmp.exists():
             shutil.rmtree(tmp)
@@ -186,8 +188,9 @@ class StepFolders:
             aside.name,
         )
 
-    def _purge(self) -> None:
-        """Delete complete steps older than the newest keep_latest_k (never step-0)."""
+    def _purge(self, wait: bool = False) -> None:
+        """Delete complete steps older than the newest keep_latest_k (never step-0); in the
+        background unless ``wait``."""
         doomed = [s for s in complete_steps(self.folder) if s > 0][self.keep_latest_k :]
         if not doomed:
             return
@@ -202,7 +205,10 @@ class StepFolders:
             path = self.final(step)
             trash = path.with_name(path.name + ".deleting.tmp")
             path.rename(trash)
-            self._purger.submit(shutil.rmtree, trash, True)
+            if wait:
+                shutil.rmtree(trash, ignore_errors=True)
+            else:
+                self._purger.submit(shutil.rmtree, trash, True)
 
     def close(self) -> None:
         """Wait for the background deletions."""

@@ -31,6 +31,12 @@ from torchtitan.checkpoint.folders import (
 )
 from torchtitan.checkpoint.resume_changes import describe_changes, describe_optimizer_changes
 from torchtitan.checkpoint.safe_io import load_safely, read_state_names
+from torchtitan.checkpoint.space import (
+    discard_failed_save,
+    out_of_space,
+    save_failure,
+    state_bytes,
+)
 from torchtitan.checkpoint.states import (
     GLOBAL_STATES,
     StateTransform,
@@ -115,14 +121,12 @@ class CheckpointManager:
         if self._async is not None and not last_step and not force:
             self._async.start(step, state, tmp, start)
             return True
-        error = None
+        failure = None
         try:
             dcp.save(state, checkpoint_id=str(tmp), no_dist=not self._consensus.distributed)
         except (Exception, CheckpointException) as e:
-            error = describe_error(e)
-        error = self._consensus.first_error(error)
-        if error is not None:
-            raise CheckpointError(f"checkpoint step-{step} could not be written: {error}")
+            failure = (describe_error(e), out_of_space(e))
+        self._raise_if_failed(step, failure)
         self._publish(step)
         what = f"model weights only, {self.cfg.export_dtype}" if model_only else "full state"
         logger.info(
@@ -140,6 +144,23 @@ class CheckpointManager:
             return {"model": self.states["model"].export_state_dict(dtype)}
         rank0 = self._consensus.rank == 0
         return {k: v for k, v in self.states.items() if k not in GLOBAL_STATES or rank0}
+
+    def _raise_if_failed(self, step: int, failure: tuple[str, bool] | None) -> None:
+        """When any rank's write of ``step`` failed (``failure``: this rank's error and whether
+        it was a full disk), rank 0 removes the partial folder and every rank raises the same
+        line; the complete steps are untouched."""
+        failures = [f for f in self._consensus.gather(failure) if f is not None]
+        if not failures:
+            return
+        error, full = failures[0][0], any(f[1] for f in failures)
+        tmp = temporary(self._folders.final(step))
+
+        def discard() -> str:
+            estimate = state_bytes(self.states["model"], self.states.get("optimizer"))
+            found = discard_failed_save(tmp, step, error, full, estimate, self.cfg.keep_latest_k)
+            return save_failure(found, self.folder)
+
+        raise CheckpointError(self._consensus.decide_on_rank0(discard))
 
     def _publish(self, step: int) -> None:
         self._consensus.barrier()  # every rank has written its files (and rank 0 the .metadata)
@@ -163,6 +184,7 @@ class CheckpointManager:
         pending = self._async.finish()
         if pending is None:
             return
+        self._raise_if_failed(pending.step, pending.failure)
         self._publish(pending.step)
         finished = pending.done_at or time.perf_counter()
         logger.info(
@@ -292,7 +314,10 @@ class CheckpointManager:
 
     def _report_changes(self, loaded: list[str], step: int) -> None:
         """Log what the loaded run's settings differ in: training.steps, batch... (when the
-        checkpoint recorded them) and the optimizer's hyperparameters."""
+        checkpoint recorded them) and the optimizer's hyperparameters. Nothing when the run has
+        nothing left to train (the trainer says so)."""
+        if step >= self.train_state.settings.get("training.steps", step + 1):
+            return
         lines = []
         if "train_state" in loaded:
             schedulers = self.states.get("lr_scheduler")

@@ -177,7 +177,9 @@ class Checkpoint(Section):
     async_mode: AsyncMode = opt(
         "disabled", "async writes in the background; async_with_pinned_mem also needs CUDA"
     )
-    keep_latest_k: int = opt(0, "keep the K newest step folders, delete older (0 = keep all)")
+    keep_latest_k: int = opt(
+        0, "keep the K newest step folders, delete older (0 = keep all; preflight checks the disk)"
+    )
     load_step: int = opt(
         -1,
         "step to resume from; -1 = the latest complete one (later complete steps are set aside "

@@ -9,6 +9,8 @@ local path has no splits: its ``@`` stays part of the path.
 
 from __future__ import annotations
 
+import re
+
 from torchtitan.config import JobConfig
 from torchtitan.data.errors import DataError
 
@@ -55,6 +57,17 @@ def validation_dataset(cfg: JobConfig) -> str:
         "split; set --validation.dataset to the held-out file or folder, or --validation.enable "
         "false"
     )
+
+
+def about_validation(error: DataError) -> DataError:
+    """``error``, raised while reading the validation data, saying so: its first "dataset"
+    becomes "validation dataset" (``dataset path not found: ...`` -> ``validation dataset path
+    not found: ...``)."""
+    message = str(error)
+    if "validation dataset" in message or "--validation.dataset" in message:
+        return error
+    named, found = re.subn(r"\bdataset\b", "validation dataset", message, count=1)
+    return DataError(named if found else f"validation dataset: {message}")
 
 
 def validation_batch_size(cfg: JobConfig) -> int:

@@ -38,7 +38,7 @@ from torchtitan.data import json_lines
 from torchtitan.data.errors import DataError
 from torchtitan.data.sources import DatasetSource, missing_field_error, resolve_source
 from torchtitan.data.tokenizer import Tokenizer
-from torchtitan.paths import absolute
+from torchtitan.paths import shown
 
 logger = logging.getLogger(__name__)
 
@@ -62,19 +62,21 @@ def load_hf_dataset(source: DatasetSource):
             **options,
         )
     except Exception as error:  # HF raises many kinds; the user needs the file and what is wrong
-        raise DataError(
-            f"could not load dataset {source.name}: {load_failure(source, error)}"
-        ) from (error)
+        raise DataError(load_failure(source, error)) from error
 
 
 def load_failure(source: DatasetSource, error: BaseException) -> str:
-    """The line of a JSON file that is not a record, else the first cause in ``error``'s chain
-    that the datasets library did not raise (its own say "An error occurred while generating the
-    dataset")."""
+    """One line: the line of a JSON file that is not a record (the file named once), else the
+    first cause in ``error``'s chain that the datasets library did not raise (its own say "An
+    error occurred while generating the dataset")."""
     if source.builder == "json":
         bad = json_lines.first_bad_line(list(source.data_files))
         if bad is not None:
-            return f"{absolute(bad.path)}, line {bad.line_number}: {bad.problem}"
+            return f"dataset file {shown(bad.path)}, line {bad.line_number}: {bad.problem}"
+    return f"could not load dataset {source.name}: {first_cause(error)}"
+
+
+def first_cause(error: BaseException) -> str:
     cause = error
     while type(cause).__module__.startswith("datasets."):
         deeper = cause.__cause__ or cause.__context__

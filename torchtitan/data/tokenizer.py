@@ -1,8 +1,9 @@
-"""Byte-level BPE tokenizer that reads Meta Llama 3 ``tokenizer.model`` files.
+"""Byte-level BPE tokenizer that reads Meta Llama 3 ``tokenizer.model`` files; ``load_tokenizer``
+reads those and Hugging Face ``tokenizer.json`` files (``tokenizer_json.py``).
 
-The file has one line per base token, ``base64(token_bytes) rank``, with ranks 0..N-1. The 256
-Llama 3.1 special tokens follow the base tokens (ids N..N+255), so a real Llama 3 file gives
-``<|begin_of_text|>`` = 128000 and ``<|end_of_text|>`` = 128001.
+A ``tokenizer.model`` file has one line per base token, ``base64(token_bytes) rank``, with ranks
+0..N-1. The 256 Llama 3.1 special tokens follow the base tokens (ids N..N+255), so a real Llama 3
+file gives ``<|begin_of_text|>`` = 128000 and ``<|end_of_text|>`` = 128001.
 """
 
 import base64
@@ -14,7 +15,11 @@ from pathlib import Path
 
 import tiktoken
 
+from torchtitan.data.errors import TokenizerError
+from torchtitan.data.tokenizer_json import JsonTokenizer, is_tokenizer_json
 from torchtitan.paths import shown
+
+__all__ = ["JsonTokenizer", "Tokenizer", "TokenizerError", "load_tokenizer"]
 
 LLAMA3_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
@@ -40,10 +45,6 @@ NAMED_SPECIAL_TOKENS = (
 MAX_PIECE_CHARS = 400_000
 MAX_RUN_CHARS = 25_000
 LONG_RUN = re.compile(rf"\s{{{MAX_RUN_CHARS + 1},}}|\S{{{MAX_RUN_CHARS + 1},}}")
-
-
-class TokenizerError(ValueError):
-    """A tokenizer file that is missing or malformed; the message is one line."""
 
 
 def special_token_names() -> list[str]:
@@ -79,7 +80,12 @@ def read_rank_file(path: Path) -> bytes:
     if not path.is_file():
         raise TokenizerError(
             f"tokenizer file not found: {shown(path)}; pass --model.tokenizer_path with a Llama 3 "
-            "tokenizer.model file"
+            "tokenizer.model or a Hugging Face tokenizer.json file"
+        )
+    if is_tokenizer_json(path):
+        raise TokenizerError(
+            f"{shown(path)} is a Hugging Face tokenizer.json, not a Llama 3 tokenizer.model; "
+            "read it with torchtitan.data.tokenizer.load_tokenizer"
         )
     contents = path.read_bytes()
     if not contents.strip():
@@ -196,3 +202,14 @@ class Tokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
         return self.encoding.decode(ids)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (a character may span several tokens)."""
+        return self.encoding.decode_single_token_bytes(token_id)
+
+
+def load_tokenizer(path: str | os.PathLike) -> Tokenizer | JsonTokenizer:
+    """The tokenizer in ``path`` (``--model.tokenizer_path``): a Llama 3 ``tokenizer.model``, or a
+    Hugging Face ``tokenizer.json`` (read by the ``tokenizers`` library, if installed)."""
+    path = Path(path).expanduser()
+    return JsonTokenizer(path) if path.is_file() and is_tokenizer_json(path) else Tokenizer(path)

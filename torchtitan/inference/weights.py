@@ -16,7 +16,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from torchtitan.checkpoint import CheckpointError, find_checkpoint, load_safely, read_metadata
 from torchtitan.checkpoint.errors import describe_error
-from torchtitan.config import ConfigError, JobConfig
+from torchtitan.config import ConfigError, JobConfig, Model
 from torchtitan.models.llama3 import (
     MODEL_FLAVORS,
     ModelArgs,
@@ -75,16 +75,54 @@ def flavors_fitting(shapes: dict[str, tuple[int, ...]]) -> list[str]:
     return [n for n, a in MODEL_FLAVORS.items() if hf.expected_shapes(a) == shapes]
 
 
-def check_dcp_shapes(ckpt: Path, args: ModelArgs, flavor: str) -> None:
+def stored_sizes(shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
+    """The sizes a model's tensor shapes show: vocab_size, dim, n_layers, the feed-forward's
+    hidden size, the key/value width (those the shapes hold)."""
+    sizes = {}
+    if len(embedding := shapes.get("tok_embeddings.weight", ())) == 2:
+        sizes["vocab_size"], sizes["dim"] = embedding
+    sizes["n_layers"] = len({k.split(".")[1] for k in shapes if k.startswith("layers.")})
+    if w1 := shapes.get("layers.0.feed_forward.w1.weight"):
+        sizes["feed-forward hidden size"] = w1[0]
+    if wk := shapes.get("layers.0.attention.wk.weight"):
+        sizes["n_kv_heads x head_dim"] = wk[0]
+    return sizes
+
+
+def _described(model: Model) -> str:
+    """``--model.flavor F`` and the shape options given with it."""
+    given = " ".join(f"--model.{k} {v}" for k, v in model.shape_overrides().items())
+    return f"--model.flavor {model.flavor}" + (f" with {given}" if given else "")
+
+
+def _hint(fits: list[str], model: Model, differences: dict[str, tuple[int, int]]) -> str:
+    """What to change so that the model matches the checkpoint."""
+    overrides = ", ".join(f"--model.{k}" for k in model.shape_overrides())
+    if model.flavor in fits:  # the flavor fits: an override made the difference
+        return f"drop {overrides}: flavor {model.flavor} as it is fits it"
+    if fits:
+        without = f" (without {overrides})" if overrides else ""
+        return f"--model.flavor {' or '.join(fits)} fits it{without}"
+    if differences and all(k in ("vocab_size", "dim", "n_layers") for k in differences):
+        return "set " + " ".join(f"--model.{k} {stored}" for k, (stored, _) in differences.items())
+    return "no flavor fits it: set the --model shape options it was trained with"
+
+
+def check_dcp_shapes(ckpt: Path, args: ModelArgs, model: Model) -> None:
+    """One-line ConfigError when the checkpoint's tensors do not fit ``args`` (the ``[model]``
+    section ``model``): the sizes that differ and what to change."""
     shapes = {k: shape for k, (shape, _) in dcp_model_tensors(ckpt).items()}
     try:
         hf.check_keys(shapes, hf.expected_shapes(args), "it")
         hf.check_shapes(shapes, args, "it")
     except ValueError as e:
-        fits = flavors_fitting(shapes)
-        hint = f"flavor {' or '.join(fits)} fits it" if fits else "no flavor fits it"
+        stored, wanted = stored_sizes(shapes), stored_sizes(hf.expected_shapes(args))
+        differences = {k: (v, wanted[k]) for k, v in stored.items() if wanted.get(k) != v}
+        what = ", ".join(f"{k} {a} vs {b}" for k, (a, b) in differences.items())
+        what = f"{what} (checkpoint vs model)" if what else str(e)
+        hint = _hint(flavors_fitting(shapes), model, differences)
         raise ConfigError(
-            f"checkpoint {ckpt} does not match --model.flavor {flavor} ({e}); {hint}"
+            f"checkpoint {ckpt} does not match {_described(model)}: {what}; {hint}"
         ) from None
 
 
@@ -98,7 +136,7 @@ def model_args_for(source: WeightsSource, cfg: JobConfig) -> ModelArgs:
         except ValueError as e:
             raise ConfigError(f"HF folder {source.path}: {e}") from None
     args = model_args_from_config(cfg.model, cfg.training.seq_len)
-    check_dcp_shapes(source.path, args, cfg.model.flavor)
+    check_dcp_shapes(source.path, args, cfg.model)
     return args
 
 

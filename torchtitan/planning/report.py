@@ -119,3 +119,22 @@ def _describe_current(c: Candidate) -> str:
         f"{c.layout.local_batch_size}): {c.memory.describe()}, "
         f"~{c.tokens_per_second:,.0f} tokens/s/GPU; {verdict}"
     )
+
+
+def nothing_fits(plan: Plan) -> str:
+    """The one line ``plan`` ends with when no layout fits (stderr, exit 1)."""
+    hw, usable = plan.hardware, usable_bytes(plan.hardware) / GIB
+    closest = min(
+        (c for c in plan.rejected if c.memory), key=lambda c: c.memory.total, default=None
+    )
+    if closest is None:
+        return (
+            f"no layout of {hw.world_size} GPU(s) passes the trainer's checks (--explain lists "
+            "why); change the GPU count or the model's shape"
+        )
+    return (
+        f"no layout fits in {usable:.1f} GiB per GPU: the closest, {closest.layout.describe()} "
+        f"with AC {closest.layout.describe_ac()} and batch {closest.layout.local_batch_size}, "
+        f"needs {closest.memory.total_gib:.1f} GiB; use more GPUs (--gpus, --nodes) or a card "
+        "with more memory, or lower --training.seq_len or --training.global_batch_size"
+    )

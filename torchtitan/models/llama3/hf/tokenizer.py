@@ -18,21 +18,15 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from torchtitan.data.tokenizer_json import byte_level_alphabet
+
 if TYPE_CHECKING:
     from torchtitan.data.tokenizer import Tokenizer
 
+__all__ = ["build_hf_tokenizer", "byte_level_alphabet", "tokenizer_config", "write_hf_tokenizer"]
+
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
-
-
-def byte_level_alphabet() -> dict[int, str]:
-    """The byte-level BPE convention: each byte as one printable character. Printable Latin-1
-    bytes stand for themselves; the other 68 map to U+0100, U+0101, ... in byte order."""
-    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    alphabet = {b: chr(b) for b in printable}
-    for offset, b in enumerate(b for b in range(256) if b not in alphabet):
-        alphabet[b] = chr(0x100 + offset)
-    return alphabet
 
 
 def bpe_vocab_and_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[tuple[str, str]]]:
