@@ -175,7 +175,7 @@ def test_cp2_matches_single_process_within_shard_scaling(seed_checkpoint, refere
     assert_matches(tmp_path, reference, rtol=CP_RTOL)
 
 
-def test_rowwise_fsdp2_tp2_full_ac_matches_single_process(seed_checkpoint, tmp_path):
+def test_rowwise_tp2_full_ac_matches_single_process(seed_checkpoint, tmp_path):
     """Rowwise scales are per row of each matmul operand (a token's activations, a weight's
     output row), so no layout or batch grouping changes them (under TP the rows are whole:
     shard scales are tensorwise only): the reference trains batch 8, with our rowwise backward
@@ -188,8 +188,9 @@ def test_rowwise_fsdp2_tp2_full_ac_matches_single_process(seed_checkpoint, tmp_p
     full_ac = "--activation_checkpoint.mode=full"
     one = train(1, tmp_path / "one", *rowwise, full_ac, "--training.local_batch_size=8")
     assert "output gradients and inputs cast column-wise" in one  # ours; DTensors: torchao's
-    train(4, tmp_path / "fsdp2_tp2", *rowwise, "--parallelism.tensor_parallel_degree=2", full_ac)
-    assert_matches(tmp_path / "fsdp2_tp2", tmp_path / "one")
+    tp2 = ["--parallelism.tensor_parallel_degree=2", "--training.local_batch_size=8"]
+    train(2, tmp_path / "tp2", *rowwise, *tp2, full_ac)
+    assert_matches(tmp_path / "tp2", tmp_path / "one")
 
 
 def test_resume_is_bitwise(fsdp2, tmp_path):

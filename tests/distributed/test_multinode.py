@@ -1,8 +1,8 @@
 """Two torchrun "nodes" on one machine reproduce the single-process loss curve.
 
-Each node is ``run_train.sh`` with ``NNODES=2 NODE_RANK=i NGPU=2`` (two CPU processes per node),
+Each node is ``run_train.sh`` with ``NNODES=2 NODE_RANK=i NGPU=1`` (one CPU process per node),
 so this also covers the script's multi-node path: the c10d rendezvous launch and the preflight
-world size ``NNODES * NGPU = 4``. ``local_batch_size=2`` with global batch 8 gives FSDP over all 4
+world size ``NNODES * NGPU = 2``. ``local_batch_size=4`` with global batch 8 gives FSDP over the
 ranks of both nodes. Only global rank 0 writes the metrics file, into the shared dump folder.
 """
 
@@ -32,14 +32,14 @@ def test_two_nodes_match_single_process(seed_checkpoint, reference_curves, tmp_p
     defaults.write_text("")
     args = [
         *TINY_JOB,
-        "--training.local_batch_size=2",
+        "--training.local_batch_size=4",
         f"--checkpoint.initial_load_path={seed_checkpoint}",
         f"--job.dump_folder={dump}",
     ]
     rdzv = {
         "PYTHON": sys.executable,
         "CONFIG_FILE": str(defaults),
-        "NGPU": "2",
+        "NGPU": "1",
         "NNODES": "2",
         "RDZV_ENDPOINT": f"localhost:{free_port()}",
         "RDZV_ID": f"test-multinode-{uuid.uuid4().hex[:8]}",
@@ -56,7 +56,7 @@ def test_two_nodes_match_single_process(seed_checkpoint, reference_curves, tmp_p
     # c10d ignores NODE_RANK and orders the nodes by (hostname, agent pid): global rank 0, the
     # one that logs and writes metrics, is normally on node 0 here but need not be.
     output = "".join(log.read_text() for log in logs)
-    assert "mesh dp_shard=4" in output, output[-3000:]
+    assert "mesh dp_shard=2" in output, output[-3000:]
     loss, grad_norm = curves(dump)
     ref_loss, ref_grad_norm = reference_curves
     assert len(loss) == len(ref_loss) == 6
