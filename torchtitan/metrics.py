@@ -42,6 +42,8 @@ class StepStats:
     tokens: int  # tokens this device processed in the step
     data_seconds: float  # time spent waiting for batches
     data_windows: int = 0  # samples the global data stream has handed out so far (all ranks)
+    # More of the step's values, logged as they are (MoE load balance: moe_balance.py).
+    extra: dict[str, float | torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -131,6 +133,7 @@ class MetricsLogger:
             "data_loading_pct": 100.0 * self._data_seconds / elapsed,
             "step_seconds": elapsed / self._steps_in_window,
             "data_windows": stats.data_windows,
+            **{name: float(value) for name, value in stats.extra.items()},
         }
         if self.peak:
             m[self._mfu_key] = 100.0 * tflops * 1e12 / self.peak
@@ -154,6 +157,11 @@ class MetricsLogger:
             parts.append(f"{label} {m[self._mfu_key]:.1f}%")
         if "memory_peak_gib" in m:
             parts.append(f"mem {m['memory_peak_gib']:.2f}GiB")
+        if "moe_load_imbalance" in m:
+            layer = int(m["moe_worst_layer"])
+            parts.append(f"moe max/mean {m['moe_load_imbalance']:.2f} (layer {layer})")
+        if "moe_aux_loss" in m:
+            parts.append(f"aux {m['moe_aux_loss']:.4f}")
         parts.append(f"data {m['data_loading_pct']:.1f}%")
         parts.append(f"eta {format_duration((self.total_steps - step) * m['step_seconds'])}")
         return "  ".join(parts)

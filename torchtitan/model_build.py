@@ -1,4 +1,4 @@
-"""This rank's model: the meta-device Llama, split into pipeline stages when pp > 1,
+"""This rank's model: the meta-device model of its family, split into pipeline stages when pp > 1,
 parallelized, materialized and initialized; and the seed checkpoint's whole model."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from torchtitan.checkpoint import save_seed_checkpoint
 from torchtitan.config import JobConfig
 from torchtitan.loss import LossFn
 from torchtitan.models import family_of
-from torchtitan.models.llama3 import ModelArgs, Transformer
+from torchtitan.models.llama3 import ModelArgs
 from torchtitan.parallel.compose import parallelize
 from torchtitan.parallel.dims import ParallelDims
 from torchtitan.parallel.pipeline import (
@@ -43,21 +43,22 @@ def build_model_parts(
     ``step_loss(logits, labels)`` is what the pipeline schedule calls on the last stage.
     """
     start = time.perf_counter()
+    family = family_of(cfg.model.name)
     with torch.device("meta"):
-        model = Transformer(model_args)
+        model = family.model_class(model_args)
     schedule, plan = None, None
     if dims.pp > 1:
         parts, schedule, plan = _build_pipeline(model, cfg, model_args, dims, device, step_loss)
     else:
-        parts = [parallelize(model, family_of(cfg.model.name), dims, cfg, device.type)]
+        parts = [parallelize(model, family, dims, cfg, device.type)]
     for part in parts:
         part.to_empty(device=device)
         part.init_weights()
     logger.info(
-        "built %s %s: %s parameters, %.2f GFLOPs/token at seq_len %d, %s%s, on %s in %.1fs",
+        "built %s %s: %s, %.2f GFLOPs/token at seq_len %d, %s%s, on %s in %.1fs",
         cfg.model.name,
         cfg.model.flavor,
-        f"{model_args.num_params():,}",
+        _parameter_counts(model_args),
         model_args.flops_per_token(cfg.training.seq_len) / 1e9,
         cfg.training.seq_len,
         dims.describe(),
@@ -66,6 +67,16 @@ def build_model_parts(
         time.perf_counter() - start,
     )
     return parts, schedule, plan
+
+
+def _parameter_counts(model_args) -> str:
+    """``N parameters``; for a MoE model also those a token passes through, which the FLOPs
+    (and so TFLOP/s and MFU) count."""
+    total = f"{model_args.num_params():,} parameters"
+    if getattr(model_args, "moe", None) is None:
+        return total
+    active = model_args.active_params(include_embedding=True)
+    return f"{total}, {active:,} active per token (FLOPs and MFU count these)"
 
 
 def _build_pipeline(
@@ -117,10 +128,10 @@ def _build_pipeline(
     return parts, schedule, plan
 
 
-def build_seed_model(model_args: ModelArgs) -> nn.Module:
+def build_seed_model(model_args: ModelArgs, family_name: str) -> nn.Module:
     """The whole model with its initial weights, on CPU in this one process."""
     with torch.device("meta"):
-        model = Transformer(model_args)
+        model = family_of(family_name).model_class(model_args)
     model.to_empty(device="cpu")
     model.init_weights()
     return model
@@ -130,6 +141,8 @@ def write_seed_checkpoint(cfg: JobConfig) -> None:
     """The whole model's initial weights, from one process on CPU (the parity baseline)."""
     job, _ = runtime.start_job(cfg)
     try:
-        save_seed_checkpoint(build_seed_model(job.model_args), seed_checkpoint_path(cfg))
+        save_seed_checkpoint(
+            build_seed_model(job.model_args, cfg.model.name), seed_checkpoint_path(cfg)
+        )
     finally:
         runtime.shutdown_process()

@@ -23,12 +23,14 @@ from torchtitan.float8 import plain_weights, precompute_float8_scales
 from torchtitan.loss import build_summed_loss, loss_context, per_step_loss
 from torchtitan.metrics import MetricsLogger, StepStats
 from torchtitan.model_build import build_model_parts, write_seed_checkpoint
+from torchtitan.moe_balance import ExpertBalance
 from torchtitan.observability import flight_recorder
 from torchtitan.observability.fault_injection import FaultInjector
 from torchtitan.observability.numerics import NonFiniteGuard
 from torchtitan.observability.profiling import maybe_profile
 from torchtitan.optim import build_lr_scheduler, build_optimizer, clip_grad_norm
 from torchtitan.parallel.context_parallel import cp_context
+from torchtitan.parallel.pipeline import microbatch_count
 from torchtitan.parallel.tensor_parallel import plain_loss
 from torchtitan.validate import ForwardPieces, Validator
 
@@ -55,6 +57,7 @@ class Trainer:
         self.model_parts, self.schedule, self.stage_plan = build_model_parts(
             cfg, self.model_args, self.dims, self.device, self.step_loss
         )
+        self.balance = self._build_expert_balance()
         self.dataloader = self._build_dataloader()
         # One optimizer (and lr schedule) per model part: a pipeline rank may hold several stages.
         self.optimizers = [
@@ -91,6 +94,23 @@ class Trainer:
         vocab = f"{self.tokenizer.vocab_size:,}"
         logger.info("tokenizer: %s tokens; training data %s", vocab, loader.describe())
         return loader
+
+    def _build_expert_balance(self) -> ExpertBalance:
+        dims, p = self.dims, self.cfg.parallelism
+        microbatches = microbatch_count(
+            self.cfg.training.local_batch_size, p.pipeline_parallel_microbatch_size
+        )
+        distributed = dist.is_initialized()
+        balance = ExpertBalance(
+            self.model_parts,
+            self.model_args.n_layers,
+            forwards_per_step=self.accum_steps * (microbatches if dims.pp > 1 else 1),
+            group=dims.loss_mesh.get_group() if distributed and dims.loss_mesh.size() > 1 else None,
+            pp_group=dims.mesh("pp").get_group() if dims.pp > 1 else None,
+        )
+        if balance.active:
+            logger.info(balance.describe())
+        return balance
 
     def _build_validator(self) -> Validator:
         pieces = ForwardPieces(
@@ -267,6 +287,7 @@ class Trainer:
                 optimizer.step()
             lr_scheduler.step()
             optimizer.zero_grad(set_to_none=True)
+        extra = self.balance.after_step(apply_update) if self.balance.active else {}
         return StepStats(
             step=self.step,
             loss=loss,
@@ -276,6 +297,7 @@ class Trainer:
             tokens=self._tokens_per_step // self.dims.model_parallel_size,
             data_seconds=data_seconds,
             data_windows=self.dataloader.windows,
+            extra=extra,
         )
 
     # ----------------------------------------------------------------------- the loop
@@ -375,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     """Train; -> the exit code. Every ending but a bug is one line (see ``torchtitan.exits``)."""
     runtime.setup_logging(runtime.env_rank())
     cfg = trainer = None
+    runtime.LauncherWatch().start()  # until the process ends
     try:
         cfg = parse_args(argv)
         if cfg.checkpoint.create_seed_checkpoint:
@@ -396,4 +419,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-    runtime.LauncherWatch().start()  # until the process ends

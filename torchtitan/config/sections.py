@@ -36,8 +36,15 @@ class Job(Section):
 @dataclass
 class Model(Section):
     name: ModelName = opt("llama3", "model family")
-    flavor: str = opt("debugmodel", "model size: debugmodel, 1B, 3B, 8B, 70B, 405B")
-    tokenizer_path: str = opt(str(ASSETS / "tokenizer.model"), "Llama 3 format tokenizer.model")
+    flavor: str = opt(
+        "debugmodel",
+        "model size; llama3: debugmodel, 1B, 3B, 8B, 70B, 405B; qwen3: debugmodel, "
+        "debugmodel_moe, 0.6B ... 32B, 30B-A3B, 235B-A22B",
+    )
+    tokenizer_path: str = opt(
+        str(ASSETS / "tokenizer.model"),
+        "Llama 3 format tokenizer.model, or a Hugging Face tokenizer.json (pip install tokenizers)",
+    )
     # Shape overrides of the flavor; 0 keeps the flavor's value.
     vocab_size: int = opt(0, "embedding/head rows, >= the tokenizer's size; 0 = the flavor's")
     dim: int = opt(0, "hidden size; 0 = the flavor's")
@@ -46,17 +53,43 @@ class Model(Section):
     n_kv_heads: int = opt(0, "key/value heads (must divide n_heads); 0 = the flavor's")
     ffn_dim_multiplier: float = opt(0.0, "SwiGLU hidden size multiplier; 0 = the flavor's")
     rope_theta: float = opt(0.0, "RoPE base frequency; 0 = the flavor's")
+    # Mixture-of-Experts routing (MoE flavors only).
+    moe_top_k: int = opt(0, "MoE: experts per token; 0 = the flavor's")
+    moe_balance_bias: bool = opt(
+        True, "MoE: balance expert loads by a per-expert selection bias (no auxiliary loss)"
+    )
+    moe_bias_update_rate: float = opt(1e-3, "MoE: how far each step moves the selection bias")
+    moe_aux_loss_coeff: float = opt(0.0, "MoE: sequence-level auxiliary balance loss; 0 = off")
 
     def shape_overrides(self) -> dict[str, int | float]:
         """The ModelArgs fields this section replaces (those not left at 0)."""
         return {name: getattr(self, name) for name in MODEL_SHAPE_KEYS if getattr(self, name)}
+
+    def moe_overrides(self) -> dict[str, int | float | bool]:
+        """The MoE routing fields (``MoEArgs`` names) this section changes from the defaults."""
+        default = Model()
+        return {
+            field: getattr(self, option)
+            for option, field in MOE_OPTIONS.items()
+            if getattr(self, option) != getattr(default, option)
+        }
 
     def validate(self) -> None:
         super().validate()
         for name in MODEL_SHAPE_KEYS:
             value = getattr(self, name)
             _check(value >= 0, f"--model.{name} must be positive (0 = the flavor's); got {value}")
+        for name in ("moe_top_k", "moe_bias_update_rate", "moe_aux_loss_coeff"):
+            value = getattr(self, name)
+            _check(value >= 0, f"--model.{name} must be >= 0; got {value}")
 
+
+MOE_OPTIONS = {  # [model] option -> MoEArgs field
+    "moe_top_k": "top_k",
+    "moe_balance_bias": "balance_bias",
+    "moe_bias_update_rate": "bias_update_rate",
+    "moe_aux_loss_coeff": "aux_loss_coeff",
+}
 
 MODEL_SHAPE_KEYS = (
     "vocab_size",

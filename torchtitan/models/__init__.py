@@ -4,8 +4,9 @@ needs to parallelize it (a ``ModelFamily``); ``family_of`` finds a family by its
 
 from torchtitan.models.common import ModelFamily
 from torchtitan.models.llama3.parallelize import LLAMA3
+from torchtitan.models.qwen3.parallelize import QWEN3
 
-FAMILIES: dict[str, ModelFamily] = {LLAMA3.name: LLAMA3}
+FAMILIES: dict[str, ModelFamily] = {family.name: family for family in (LLAMA3, QWEN3)}
 
 
 def family_of(name: str) -> ModelFamily:
@@ -13,4 +14,9 @@ def family_of(name: str) -> ModelFamily:
     return FAMILIES[name]
 
 
-__all__ = ["FAMILIES", "ModelFamily", "family_of"]
+def model_args_from_config(model, seq_len: int):
+    """The ``[model]`` section's args in its family (flavor + overrides; ConfigError, one line)."""
+    return family_of(model.name).args_from_config(model, seq_len)
+
+
+__all__ = ["FAMILIES", "ModelFamily", "family_of", "model_args_from_config"]

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from torchtitan.config import ConfigError, JobConfig
+from torchtitan.models import family_of
 from torchtitan.models.llama3 import ModelArgs
 from torchtitan.parallel.context_parallel import check_cp
 from torchtitan.parallel.dims import ParallelDims
@@ -49,6 +50,9 @@ def check_parallelism(cfg: JobConfig, model_args: ModelArgs, world_size: int) ->
                 "--parallelism.enable_async_tensor_parallel needs tensor_parallel_degree > 1, "
                 "--compile.enable and CUDA GPUs"
             )
+    reason = family_of(cfg.model.name).unsupported(model_args, dims)
+    if reason:
+        raise ConfigError(reason)
     return dims
 
 

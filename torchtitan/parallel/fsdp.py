@@ -27,6 +27,12 @@ def _present(model: nn.Module, names: Sequence[str]) -> list[nn.Module]:
     return modules
 
 
+def _shares_parameters(first: list[nn.Module], second: list[nn.Module]) -> bool:
+    """Whether a parameter is in both module lists (tied input and output embeddings)."""
+    ids = {id(p) for m in first for p in m.parameters()}
+    return any(id(p) in ids for m in second for p in m.parameters())
+
+
 def reshard_after_forward(policy: str, pipeline_parallel: bool) -> bool:
     """'default' frees gathered weights after forward, except under PP, where every microbatch's
     backward would gather them again."""
@@ -51,7 +57,8 @@ def apply_fsdp(
     """Shard ``model`` in place: the input modules (embeddings) as one group, each block, the
     output modules (final norm + head) as one group, then the root, which takes every parameter
     not in a group. Names in the groups that the model lacks (e.g. after a pipeline split) are
-    skipped; a custom model names its own.
+    skipped; a custom model names its own. When the input and output groups share a parameter
+    (tied embeddings), both stay in the root: FSDP manages a parameter in one group only.
 
     Each group's parameters are all-gathered right before its forward and its gradients
     reduce-scattered right after its backward, which overlaps communication with compute.
@@ -72,6 +79,9 @@ def apply_fsdp(
     )
     reshard = reshard_after_forward(reshard_policy, pipeline_parallel)
     inputs = [m for m in _present(model, input_group) if not set(m.parameters()) <= ignored]
+    outputs = _present(model, output_group)
+    if _shares_parameters(inputs, outputs):
+        inputs, outputs = [], []
     if inputs:
         fully_shard(inputs, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
     blocks = [block for _, block in block_items(model, blocks_attr)]
@@ -83,7 +93,6 @@ def apply_fsdp(
     if after_blocks_sharded is not None and blocks:
         after_blocks_sharded(blocks, mesh)
     # The head's backward comes right after its forward: keep it gathered.
-    outputs = _present(model, output_group)
     if outputs:
         fully_shard(outputs, mesh=mesh, reshard_after_forward=False, mp_policy=inner)
     fully_shard(

@@ -302,8 +302,33 @@ def _set_none(model: nn.Module, names: Sequence[str]) -> None:
         setattr(model.get_submodule(parent), leaf, None)
 
 
+class _Stage(PipelineStage):
+    """torch's stage, whose first step runs an extra forward of the stage on made-up inputs to
+    learn the shapes it sends (``_forward_metadata_inference`` in torch 2.13,
+    ``_shape_inference`` before). That forward runs in eval mode here, so layers that keep
+    training statistics (the MoE router's expert loads) count only the real microbatches."""
+
+
+def _in_eval_mode(infer):
+    def run(self, *args, **kwargs):
+        modes = [(m, m.training) for m in self.submod.modules()]
+        self.submod.eval()
+        try:
+            return infer(self, *args, **kwargs)
+        finally:
+            for module, training in modes:
+                module.training = training
+
+    return run
+
+
+for _name in ("_forward_metadata_inference", "_shape_inference"):
+    if hasattr(PipelineStage, _name):
+        setattr(_Stage, _name, _in_eval_mode(getattr(PipelineStage, _name)))
+
+
 def build_pipeline_stage(module: nn.Module, stage_id: int, plan: StagePlan, device, group):
-    return PipelineStage(module, stage_id, plan.num_stages, device, group=group)
+    return _Stage(module, stage_id, plan.num_stages, device, group=group)
 
 
 def build_schedule(

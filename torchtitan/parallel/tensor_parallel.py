@@ -1,7 +1,8 @@
 """Tensor + sequence parallelism from a plan: module FQN -> ParallelStyle.
 
 A model brings two plans, one for its root (embeddings, final norm, head) and one applied to each
-block; Llama's are in ``llama.py``, a custom model's in examples/parallelize_custom_model.py.
+block; a family's are in ``torchtitan/models/<family>/parallelize.py``, a custom model's in
+examples/parallelize_custom_model.py.
 """
 
 from __future__ import annotations
@@ -28,13 +29,30 @@ def apply_tp(
 
     Root-plan entries whose top-level module is absent (e.g. cut away by a pipeline split) are
     skipped; nested keys ("head.proj") and wildcards are passed on to ``parallelize_module``.
+    Tied parameters (an embedding shared with the head) stay tied: the styles replace each
+    module's parameter, so the later owners get the first one's again (their plans must place
+    it alike, as Rowwise embedding and Colwise head both shard the vocabulary rows).
     """
     present = {
         k: v for k, v in root_plan.items() if getattr(model, k.split(".")[0], None) is not None
     }
+    ties = _tied_owners(model)
     parallelize_module(model, tp_mesh, present)
+    for owners in ties:
+        (first, name), rest = owners[0], owners[1:]
+        for module, other in rest:
+            setattr(module, other, getattr(first, name))
     for _, block in block_items(model, blocks_attr):
         parallelize_module(block, tp_mesh, block_plan)
+
+
+def _tied_owners(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
+    """(module, attribute) of each parameter that several modules hold, one list per parameter."""
+    owners: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            owners.setdefault(id(param), []).append((module, name))
+    return [found for found in owners.values() if len(found) > 1]
 
 
 def check_tp_degree(n_heads: int, n_kv_heads: int, seq_len: int, tp: int) -> str | None:

@@ -8,10 +8,10 @@ import functools
 import math
 from dataclasses import dataclass
 
-from torchtitan.config import JobConfig
+from torchtitan.config import ConfigError, JobConfig
 from torchtitan.kernels.inplace_loss import in_place_chosen
-from torchtitan.models import family_of
-from torchtitan.models.llama3 import ModelArgs, model_args_from_config
+from torchtitan.models import family_of, model_args_from_config
+from torchtitan.models.llama3 import ModelArgs
 from torchtitan.parallel.dims import DerivedDegrees
 from torchtitan.planning.float8 import Float8Setting, converted_linears
 from torchtitan.planning.shapes import Shapes, shapes
@@ -167,8 +167,14 @@ class Workload:
         """The config's workload; the model's shape as the trainer builds it (flavor + the
         ``[model]`` overrides); a bad shape raises ConfigError."""
         t, p, x = cfg.training, cfg.parallelism, cfg.experimental
+        model = model_args_from_config(cfg.model, cfg.training.seq_len)
+        if getattr(model, "moe", None) is not None:
+            raise ConfigError(
+                f"the planner models dense layers only; {cfg.model.name} {cfg.model.flavor} has "
+                "MoE layers: size its jobs with a short run (memory and tokens/s are logged)"
+            )
         return cls(
-            model=model_args_from_config(cfg.model, cfg.training.seq_len),
+            model=model,
             seq_len=t.seq_len,
             global_batch_size=t.global_batch_size,
             bf16=t.mixed_precision_param == "bfloat16",

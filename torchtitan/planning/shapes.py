@@ -49,6 +49,8 @@ class Shapes:
 
 
 def shapes(model: ModelArgs | Shapes) -> Shapes:
+    """The sizes of any family's dense shape (its args have the fields Llama's have; a tied
+    embedding table is counted as two, as the planner's estimates of it are)."""
     if isinstance(model, Shapes):
         return model
     return _shapes(
@@ -56,24 +58,14 @@ def shapes(model: ModelArgs | Shapes) -> Shapes:
         model.n_layers,
         model.n_heads,
         model.kv_heads,
+        model.head_dim,
+        model.ffn_hidden_dim,
         model.vocab_size,
-        model.multiple_of,
-        model.ffn_dim_multiplier,
     )
 
 
 @functools.lru_cache(maxsize=64)
-def _shapes(dim, n_layers, n_heads, kv_heads, vocab, multiple_of, ffn_multiplier) -> Shapes:
-    model = ModelArgs(
-        dim=dim,
-        n_layers=n_layers,
-        n_heads=n_heads,
-        n_kv_heads=kv_heads,
-        vocab_size=vocab,
-        multiple_of=multiple_of,
-        ffn_dim_multiplier=ffn_multiplier,
-    )
-    head_dim = model.head_dim
+def _shapes(dim, n_layers, n_heads, kv_heads, head_dim, ffn, vocab) -> Shapes:
     return Shapes(
         dim=dim,
         n_layers=n_layers,
@@ -81,6 +73,6 @@ def _shapes(dim, n_layers, n_heads, kv_heads, vocab, multiple_of, ffn_multiplier
         head_dim=head_dim,
         q=n_heads * head_dim,
         kv=kv_heads * head_dim,
-        ffn=model.ffn_hidden_dim,
+        ffn=ffn,
         vocab=vocab,
     )

@@ -4,14 +4,20 @@ never names a family's modules itself."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 
 @dataclass(frozen=True)
 class ModelFamily:
     name: str
+    # The model: its class (built from its args, on the meta device by the trainer), its named
+    # shapes, and the args of the ``[model]`` section (flavor + overrides, RoPE cache for a
+    # sequence length; ConfigError, one line, on a bad combination).
+    model_class: Callable[[Any], Any]
+    flavors: Mapping[str, Any]
+    args_from_config: Callable[[Any, int], Any]
     # Where the model keeps its parts. A pipeline stage drops the input modules on all but the
     # first stage and the output modules on all but the last.
     blocks_attr: str  # an nn.ModuleDict / nn.ModuleList of the repeated blocks
@@ -28,3 +34,6 @@ class ModelFamily:
     # The SwiGLU feed-forward of a block (attributes w1, w2, w3), for the experimental fused
     # float8 SwiGLU; empty when the family has none.
     swiglu_attr: str = ""
+    # Why a parallelism this family's args cannot run under yet (one line), or None:
+    # ``(args, dims) -> str | None``.
+    unsupported: Callable[[Any, Any], str | None] = field(default=lambda args, dims: None)

@@ -189,6 +189,10 @@ def model_args_from_config(model: Model, seq_len: int) -> ModelArgs:
     for ``seq_len`` (``training.seq_len``); validated (ConfigError, one line). Preflight, the
     trainer and the planner all build the model's shape here."""
     overrides = model.shape_overrides()
+    if model.moe_overrides():
+        raise ConfigError(
+            "--model.moe_* options apply to MoE flavors; llama3 has none (see --model.name qwen3)"
+        )
     try:
         return get_model_args(model.flavor, max_seq_len=seq_len, **overrides)
     except ValueError as e:

@@ -12,6 +12,8 @@ from torch.distributed.tensor.parallel import (
 )
 
 from torchtitan.models.common.family import ModelFamily
+from torchtitan.models.llama3.args import MODEL_FLAVORS, model_args_from_config
+from torchtitan.models.llama3.model import Transformer
 
 
 def block_tp_plan() -> dict[str, ParallelStyle]:
@@ -57,6 +59,9 @@ def root_tp_plan(loss_parallel: bool = True) -> dict[str, ParallelStyle]:
 
 LLAMA3 = ModelFamily(
     name="llama3",
+    model_class=Transformer,
+    flavors=MODEL_FLAVORS,
+    args_from_config=model_args_from_config,
     blocks_attr="layers",
     input_modules=("tok_embeddings",),
     output_modules=("norm", "output"),

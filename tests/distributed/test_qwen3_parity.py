@@ -1,0 +1,115 @@
+"""Qwen3 under the shared composition: each layout, from one seed checkpoint, reproduces the
+single-process curve (fp32, CPU/gloo), as tests/distributed/test_parity.py does for Llama.
+
+MoE rows also compare the expert load imbalance of every step with the single-process run: the
+loads are counted per rank and summed over the data/context-parallel ranks before the selection
+bias moves, so a layout that lost or double-counted tokens, or let a rank's bias drift, shows
+here (and in the loss, since the bias steers the routing).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.distributed.launch import (
+    ROOT,
+    TINY_JOB,
+    assert_curves_match,
+    curves,
+    from_seed,
+    read_metrics,
+    run_trainer,
+)
+from tests.distributed.test_parity import RTOL
+
+MOE = ["--model.name=qwen3", "--model.flavor=debugmodel_moe"]
+DENSE_TIED = ["--model.name=qwen3", "--model.flavor=debugmodel_tied"]
+
+LAYOUTS = {
+    # name: (model, processes, overrides)
+    "moe_fsdp2_accum2_full_ac": (
+        MOE,
+        2,
+        ["--training.local_batch_size=2", "--activation_checkpoint.mode=full"],
+    ),
+    "moe_pp2_1f1b": (
+        MOE,
+        2,
+        [
+            "--training.local_batch_size=8",
+            "--parallelism.pipeline_parallel_degree=2",
+            "--parallelism.pipeline_parallel_schedule=1F1B",
+            "--parallelism.pipeline_parallel_microbatch_size=2",
+        ],
+    ),
+    "moe_cp2_selective_op": (
+        MOE,
+        2,
+        [
+            "--training.local_batch_size=8",
+            "--parallelism.context_parallel_degree=2",
+            "--activation_checkpoint.mode=selective",
+        ],
+    ),
+    # The tied table: FSDP keeps the embedding and head in the root group, TP re-ties the
+    # sharded parameter after its styles replaced it.
+    "tied_fsdp2_tp2": (
+        DENSE_TIED,
+        4,
+        ["--training.local_batch_size=4", "--parallelism.tensor_parallel_degree=2"],
+    ),
+}
+
+
+def _train_one_process(args: list[str], folder, timeout: int = 300) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "torchtitan.train", *args, f"--job.dump_folder={folder}"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        timeout=timeout,
+    )
+
+
+def _seed(model: list[str], tmp_path_factory) -> str:
+    folder = tmp_path_factory.mktemp("qwen3_seed")
+    _train_one_process(
+        [*model, "--checkpoint.create_seed_checkpoint", "--training.seq_len=64"], folder
+    )
+    return str(folder / "checkpoint" / "step-0")
+
+
+def _reference(model: list[str], seed: str, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("qwen3_reference")
+    args = [*model, *TINY_JOB, "--training.local_batch_size=8"]
+    _train_one_process([*args, f"--checkpoint.initial_load_path={seed}"], folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory) -> dict[str, tuple[str, object]]:
+    """(seed checkpoint, reference dump folder) per model, made once."""
+    made = {}
+    for model in (MOE, DENSE_TIED):
+        seed = _seed(model, tmp_path_factory)
+        made[model[1]] = (seed, _reference(model, seed, tmp_path_factory))
+    return made
+
+
+def imbalance(folder) -> list[float]:
+    return [r["moe_load_imbalance"] for r in read_metrics(folder) if "loss" in r]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_qwen3_layout_matches_single_process(layout, references, tmp_path):
+    model, nproc, overrides = LAYOUTS[layout]
+    seed, reference = references[model[1]]
+    out = run_trainer(nproc, [*model, *TINY_JOB, *overrides, *from_seed(seed, tmp_path)])
+    assert "training done" in out, out[-2000:]
+    assert_curves_match(curves(tmp_path), curves(reference), points=6, rtol=RTOL)
+    if model is MOE:
+        assert "dropless" in out
+        assert imbalance(tmp_path) == pytest.approx(imbalance(reference), rel=1e-6)

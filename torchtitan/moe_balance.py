@@ -1,0 +1,102 @@
+"""The trainer's side of Mixture-of-Experts load balancing, once per optimizer step.
+
+Each MoE layer counts the tokens its router sent to each expert. After the step the counts of
+every rank that saw different tokens (data- and context-parallel ranks) are summed in one
+all-reduce, so every rank updates its per-expert selection bias from the same loads and the
+biases stay identical without being communicated. The step's load imbalance (max / mean tokens
+per expert of the worst layer) and the auxiliary loss go to the metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from torchtitan.models.common.load_balance import (
+    collect_aux_loss,
+    collect_expert_loads,
+    moe_layers,
+    update_expert_biases,
+)
+
+logger = logging.getLogger("torchtitan")
+
+
+class ExpertBalance:
+    """The MoE layers of this rank's model parts and what the trainer does with them per step.
+
+    ``group``: the ranks whose tokens differ but whose layers are the same (data x context
+    parallel of this pipeline stage), or None in one process. ``pp_group``: the pipeline ranks,
+    whose layers differ (the worst layer is taken over all of them for the log; every pipeline
+    rank must hold MoE layers, as a flavor with MoE in every block guarantees).
+    ``forwards_per_step``: how often each layer runs per optimizer step (gradient accumulation x
+    pipeline microbatches); the auxiliary loss of each forward is weighted by its inverse, as the
+    training loss of a micro-batch is.
+    """
+
+    def __init__(
+        self,
+        model_parts: list[nn.Module],
+        n_layers: int,
+        forwards_per_step: int,
+        group: dist.ProcessGroup | None = None,
+        pp_group: dist.ProcessGroup | None = None,
+    ):
+        self.layers = [(name, moe) for part in model_parts for name, moe in moe_layers(part)]
+        self.n_layers = n_layers  # of the whole model, whatever this stage holds
+        self.group, self.pp_group = group, pp_group
+        self.forwards_per_step = forwards_per_step
+        for _, moe in self.layers:
+            moe.aux_loss_weight = 1.0 / forwards_per_step
+
+    @property
+    def active(self) -> bool:
+        return bool(self.layers)
+
+    def describe(self) -> str:
+        """One line for the log: what routing does (nothing is dropped)."""
+        _, first = self.layers[0]
+        a = first.args
+        balance = "per-expert selection bias" if a.balance_bias else "no selection bias"
+        aux = f"sequence aux loss x {a.aux_loss_coeff:g}" if a.aux_loss_coeff else "no aux loss"
+        return (
+            f"MoE: {len(self.layers)} layers on this rank, {a.num_experts} experts, top-{a.top_k}, "
+            f"dropless (every token reaches all of its experts); {balance}; {aux}"
+        )
+
+    def after_step(self, update_bias: bool) -> dict[str, torch.Tensor | float]:
+        """Sum the step's expert loads over ``group``, update the selection biases (unless the
+        step was skipped) and return the step's balance metrics."""
+        moes = [moe for _, moe in self.layers]
+        loads = collect_expert_loads(moes, self.group)
+        if update_bias:
+            update_expert_biases(moes, loads)
+        metrics = self._worst_layer(loads)
+        aux = collect_aux_loss(moes, self.group)
+        if aux is not None:
+            metrics["moe_aux_loss"] = aux / self.forwards_per_step
+        return metrics
+
+    def _worst_layer(self, loads: torch.Tensor) -> dict[str, torch.Tensor]:
+        """max / mean tokens per expert of the worst layer of the whole model (all stages)."""
+        per_layer = torch.zeros(self.n_layers, dtype=torch.float32, device=loads.device)
+        index = torch.tensor([_layer_index(name) for name, _ in self.layers], device=loads.device)
+        imbalance = loads.max(dim=1).values / loads.mean(dim=1).clamp_min(1e-9)
+        per_layer.index_copy_(0, index, imbalance.float())
+        if self.pp_group is not None:
+            dist.all_reduce(per_layer, op=dist.ReduceOp.MAX, group=self.pp_group)
+        # Device tensors: the metrics read them on log steps only (no host sync per step).
+        return {"moe_load_imbalance": per_layer.max(), "moe_worst_layer": per_layer.argmax()}
+
+
+def _layer_index(fqn: str) -> int:
+    """The block index in a MoE layer's FQN (``layers.3.moe`` -> 3); blocks keep their index
+    in every pipeline stage."""
+    match = re.search(r"(?:^|\.)(\d+)(?:\.|$)", fqn)
+    if match is None:
+        raise ValueError(f"MoE layer {fqn} is not inside a numbered block")
+    return int(match.group(1))
