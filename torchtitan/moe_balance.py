@@ -76,10 +76,22 @@ class ExpertBalance:
         if update_bias:
             update_expert_biases(moes, loads)
         metrics = self._worst_layer(loads)
-        aux = collect_aux_loss(moes, self.group)
-        if aux is not None:
+        # The same layers have it on on every rank; off, it costs no collective and no sync.
+        with_aux = [moe for moe in moes if moe.args.aux_loss_coeff > 0]
+        if with_aux:
+            aux = self._over_stages(collect_aux_loss(with_aux, self.group), len(with_aux))
             metrics["moe_aux_loss"] = aux / self.forwards_per_step
         return metrics
+
+    def _over_stages(self, mean: float, layers: int) -> float:
+        """The mean over every pipeline stage's layers of a per-layer mean over this stage's."""
+        if self.pp_group is None:
+            return mean
+        pair = torch.tensor(
+            [mean * layers, float(layers)], device=self.layers[0][1].router.expert_bias.device
+        )
+        dist.all_reduce(pair, group=self.pp_group)
+        return float(pair[0] / pair[1])
 
     def _worst_layer(self, loads: torch.Tensor) -> dict[str, torch.Tensor]:
         """max / mean tokens per expert of the worst layer of the whole model (all stages)."""

@@ -97,14 +97,16 @@ class Trainer:
 
     def _build_expert_balance(self) -> ExpertBalance:
         dims, p = self.dims, self.cfg.parallelism
-        microbatches = microbatch_count(
-            self.cfg.training.local_batch_size, p.pipeline_parallel_microbatch_size
-        )
+        microbatches = 1
+        if dims.pp > 1:
+            microbatches = microbatch_count(
+                self.cfg.training.local_batch_size, p.pipeline_parallel_microbatch_size
+            )
         distributed = dist.is_initialized()
         balance = ExpertBalance(
             self.model_parts,
             self.model_args.n_layers,
-            forwards_per_step=self.accum_steps * (microbatches if dims.pp > 1 else 1),
+            forwards_per_step=self.accum_steps * microbatches,
             group=dims.loss_mesh.get_group() if distributed and dims.loss_mesh.size() > 1 else None,
             pp_group=dims.mesh("pp").get_group() if dims.pp > 1 else None,
         )

@@ -25,24 +25,39 @@ from tests.distributed.launch import (
 )
 from tests.distributed.test_parity import RTOL
 
-MOE = ["--model.name=qwen3", "--model.flavor=debugmodel_moe"]
-DENSE_TIED = ["--model.name=qwen3", "--model.flavor=debugmodel_tied"]
+MOE = ("--model.name=qwen3", "--model.flavor=debugmodel_moe")
+# The sequence-level aux loss too: its gradient enters each layer through its output, weighted
+# by the step's micro-batches (accumulation) and pipeline microbatches. (Not under CP, where a
+# rank sees part of each sequence and the loss is computed over that part.)
+MOE_AUX = (*MOE, "--model.moe_aux_loss_coeff=0.01")
+DENSE_TIED = ("--model.name=qwen3", "--model.flavor=debugmodel_tied")
 
 LAYOUTS = {
     # name: (model, processes, overrides)
-    "moe_fsdp2_accum2_full_ac": (
-        MOE,
+    "moe_aux_fsdp2_accum2_full_ac": (
+        MOE_AUX,
         2,
         ["--training.local_batch_size=2", "--activation_checkpoint.mode=full"],
     ),
-    "moe_pp2_1f1b": (
-        MOE,
+    "moe_aux_pp2_1f1b": (
+        MOE_AUX,
         2,
         [
             "--training.local_batch_size=8",
             "--parallelism.pipeline_parallel_degree=2",
             "--parallelism.pipeline_parallel_schedule=1F1B",
             "--parallelism.pipeline_parallel_microbatch_size=2",
+        ],
+    ),
+    # Compiled blocks: fp32 takes the masked expert path inside the graph, and the loads are
+    # counted once although selective AC recomputes inside the compiled backward.
+    "moe_fsdp2_compile_selective_op": (
+        MOE,
+        2,
+        [
+            "--training.local_batch_size=4",
+            "--compile.enable",
+            "--activation_checkpoint.mode=selective",
         ],
     ),
     "moe_cp2_selective_op": (
@@ -90,26 +105,40 @@ def _reference(model: list[str], seed: str, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def references(tmp_path_factory) -> dict[str, tuple[str, object]]:
-    """(seed checkpoint, reference dump folder) per model, made once."""
-    made = {}
-    for model in (MOE, DENSE_TIED):
-        seed = _seed(model, tmp_path_factory)
-        made[model[1]] = (seed, _reference(model, seed, tmp_path_factory))
-    return made
+def references(tmp_path_factory):
+    """``get(model) -> (seed checkpoint, reference dump folder)``: one seed per flavor and one
+    single-process reference per model arguments, each made once, when first asked for."""
+    seeds, made = {}, {}
+
+    def get(model: tuple[str, ...]) -> tuple[str, object]:
+        flavor = model[:2]
+        if flavor not in seeds:
+            seeds[flavor] = _seed(list(flavor), tmp_path_factory)
+        if model not in made:
+            made[model] = (seeds[flavor], _reference(list(model), seeds[flavor], tmp_path_factory))
+        return made[model]
+
+    return get
+
+
+def metric(folder, name: str) -> list[float]:
+    return [r[name] for r in read_metrics(folder) if name in r]
 
 
 def imbalance(folder) -> list[float]:
-    return [r["moe_load_imbalance"] for r in read_metrics(folder) if "loss" in r]
+    return metric(folder, "moe_load_imbalance")
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_qwen3_layout_matches_single_process(layout, references, tmp_path):
     model, nproc, overrides = LAYOUTS[layout]
-    seed, reference = references[model[1]]
+    seed, reference = references(model)
     out = run_trainer(nproc, [*model, *TINY_JOB, *overrides, *from_seed(seed, tmp_path)])
     assert "training done" in out, out[-2000:]
     assert_curves_match(curves(tmp_path), curves(reference), points=6, rtol=RTOL)
-    if model is MOE:
+    if model[:2] == MOE:
         assert "dropless" in out
         assert imbalance(tmp_path) == pytest.approx(imbalance(reference), rel=1e-6)
+    if model == MOE_AUX:
+        aux = metric(tmp_path, "moe_aux_loss")
+        assert len(aux) == 6 and aux == pytest.approx(metric(reference, "moe_aux_loss"), rel=1e-5)

@@ -338,14 +338,15 @@ def test_collect_aux_loss_sums_micro_batches_and_resets():
 
 
 def test_compiled_fp32_matches_eager():
-    """fp32 under compile: the automatic choice takes the per-expert path (the grouped GEMM's
-    fake-tensor rule is bf16 only); eager fp32 on CPU takes the grouped path."""
+    """fp32 under compile, as a block compiles (one graph): the automatic choice takes the
+    masked path (the grouped GEMM's fake-tensor rule is bf16 only, the per-expert loop needs
+    the group sizes on the host); eager fp32 on CPU takes the grouped path."""
     torch._dynamo.reset()
     moe = build(num_shared_experts=1, aux_loss_coeff=0.01)
     compiled = twin(moe, grouped=None)
     x = torch.randn(2, 6, DIM)
     out, g = run(moe, x)
-    c_out, c_g = run(torch.compile(compiled), x)
+    c_out, c_g = run(torch.compile(compiled, fullgraph=True), x)
     torch.testing.assert_close(c_out, out, rtol=1e-5, atol=1e-6)
     for name in g:
         torch.testing.assert_close(c_g[name], g[name], rtol=1e-5, atol=1e-6, msg=name)

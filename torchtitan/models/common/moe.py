@@ -10,9 +10,10 @@ but wants int32 ``offs`` and every leading stride a multiple of 16 bytes (rows p
 are left unwritten). Under ``torch.compile`` its fake-tensor rule accepts bf16 only: bf16
 compiles with ``fullgraph=True`` (forward and backward), fp32 fails to trace. On CUDA (not run
 here) non-bf16 inputs reportedly take a per-group fallback that reads ``offs`` on the host.
-So the automatic choice uses grouped GEMMs for bf16, and for other dtypes only eagerly on CPU;
-otherwise it loops over experts, which reads the group sizes on the host (one sync) and runs
-eagerly under compile.
+So the automatic choice uses grouped GEMMs for bf16, and for other dtypes only eagerly on CPU.
+Otherwise, eagerly, it loops over experts, which reads the group sizes on the host (one sync);
+under compile (a block compiles as one graph) every expert runs on every row and each row
+keeps its own expert's result: E / k times the FLOPs, for fp32 debug runs, with no host sync.
 """
 
 from __future__ import annotations
@@ -134,6 +135,8 @@ class GroupedExperts(nn.Module):
         w1, w2, w3 = (w.to(x.dtype) for w in (self.w1, self.w2, self.w3))
         if grouped:
             return _grouped_swiglu(x, counts, w1, w2, w3)
+        if torch.compiler.is_compiling():
+            return _masked_swiglu(x, counts, w1, w2, w3)
         return _per_expert_swiglu(x, counts, w1, w2, w3)
 
     def init_weights(self, init_std: float, out_std: float) -> None:
@@ -150,9 +153,18 @@ def _grouped_swiglu(x, counts, w1, w2, w3) -> torch.Tensor:
     return torch._grouped_mm(F.silu(gate) * up, w2.transpose(-2, -1), offs=offs)
 
 
-# Eager even inside a compiled model: the group sizes it reads on the host would otherwise be
-# baked into the graph as constants, recompiling it whenever the routing changes.
-@torch.compiler.disable
+def _masked_swiglu(x, counts, w1, w2, w3) -> torch.Tensor:
+    """Every expert on every row, each row keeping its own expert's output (no host sync)."""
+    num_experts = counts.shape[0]
+    experts = torch.arange(num_experts, device=x.device)
+    row_expert = torch.repeat_interleave(experts, counts, output_size=x.shape[0])
+    out = torch.zeros_like(x)
+    for e in range(num_experts):
+        h = (F.silu(x @ w1[e].t()) * (x @ w3[e].t())) @ w2[e].t()
+        out = torch.where((row_expert == e)[:, None], h, out)
+    return out
+
+
 def _per_expert_swiglu(x, counts, w1, w2, w3) -> torch.Tensor:
     outs = []
     for e, rows in enumerate(torch.split(x, counts.tolist())):
