@@ -13,19 +13,17 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from torchtitan.models.common.moe import MoE
-from torchtitan.models.llama3.kv_cache import KVCache, LayerKVCache, cached_attention_mask
+from torchtitan.models.llama3.kv_cache import KVCache, LayerKVCache
 from torchtitan.models.llama3.model import (
     INIT_STD,
     FeedForward,
     RMSNorm,
-    native_gqa,
     precompute_rope_cache,
-    repeat_kv,
 )
+from torchtitan.models.llama3.model import Attention as LlamaAttention
 from torchtitan.models.qwen3.args import Qwen3Args
 from torchtitan.models.qwen3.rope import apply_rope
 
@@ -35,14 +33,12 @@ def _trunc_normal(w: torch.Tensor, std: float) -> None:
     nn.init.trunc_normal_(w, mean=0.0, std=std, a=-3 * std, b=3 * std)
 
 
-class Attention(nn.Module):
+class Attention(LlamaAttention):
+    """Llama's attention (GQA, SDPA, the KV-cache path) with ``head_dim`` from the args and
+    each query and key head RMS-normalized before RoPE, which is Hugging Face's rotate-half."""
+
     def __init__(self, args: Qwen3Args):
-        super().__init__()
-        self.head_dim = args.head_dim
-        self.wq = nn.Linear(args.dim, args.n_heads * self.head_dim, bias=False)
-        self.wk = nn.Linear(args.dim, args.kv_heads * self.head_dim, bias=False)
-        self.wv = nn.Linear(args.dim, args.kv_heads * self.head_dim, bias=False)
-        self.wo = nn.Linear(args.n_heads * self.head_dim, args.dim, bias=False)
+        super().__init__(args)
         # One weight over head_dim shared by every head: under tensor parallelism they act on
         # each rank's own heads unchanged.
         self.q_norm = RMSNorm(self.head_dim, eps=args.norm_eps)
@@ -61,37 +57,8 @@ class Attention(nn.Module):
         xq, xk = apply_rope(xq, xk, rope_cache)
         return xq, xk, xv
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope_cache: torch.Tensor,
-        kv_cache: LayerKVCache | None = None,
-        start_pos: int = 0,
-    ) -> torch.Tensor:
-        """With ``kv_cache``, x holds positions ``start_pos ...`` (rope_cache starts there too)
-        and attends to every earlier position stored in the cache."""
-        bs, seqlen, _ = x.shape
-        xq, xk, xv = self.rotated_qkv(x, rope_cache)
-        if kv_cache is not None:
-            xk, xv = kv_cache.update(xk, xv, start_pos)
-
-        n_rep = xq.shape[2] // xk.shape[2]
-        gqa = n_rep > 1 and native_gqa(xq)
-        if n_rep > 1 and not gqa:
-            xk, xv = repeat_kv(xk, n_rep), repeat_kv(xv, n_rep)
-
-        q, k, v = (t.transpose(1, 2) for t in (xq, xk, xv))  # (bs, heads, seqlen, head_dim)
-        if kv_cache is None or start_pos == 0:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        else:
-            mask = cached_attention_mask(seqlen, start_pos, x.device)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
-        return self.wo(out.transpose(1, 2).reshape(bs, seqlen, -1))
-
     def init_weights(self, out_std: float) -> None:
-        for w in (self.wq, self.wk, self.wv):
-            _trunc_normal(w.weight, INIT_STD)
-        _trunc_normal(self.wo.weight, out_std)
+        super().init_weights(out_std)
         self.q_norm.reset_parameters()
         self.k_norm.reset_parameters()
 
