@@ -132,12 +132,8 @@ def clip_grad_norm(params, max_norm: float, pp_group=None, optimizers=()) -> tor
     On CPU the norm is accumulated in float64: an fp32 CPU norm of a large, mostly tiny gradient
     (the output head's) is off by ~1e-4 relative, more than the layouts differ by.
     """
-    grads = [p.grad for p in params if p.grad is not None]
-    if grads and grads[0].device.type == "cpu":
-        grads = [g.double() for g in grads]
-    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
+    params = [p for p in params if p.grad is not None]
+    norm = _total_norm([p.grad for p in params])
     if pp_group is not None:
         squared = norm**2
         dist.all_reduce(squared, group=pp_group)
@@ -149,5 +145,28 @@ def clip_grad_norm(params, max_norm: float, pp_group=None, optimizers=()) -> tor
         for optimizer in optimizers:
             optimizer.grad_scale = grad_scale
     else:
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+        for same_mesh in _by_mesh(params).values():
+            torch.nn.utils.clip_grads_with_norm_(same_mesh, max_norm, norm, foreach=True)
     return norm
+
+
+def _by_mesh(tensors: list) -> dict:
+    """Tensors grouped by DTensor mesh (plain tensors under None): DTensor ops take one mesh,
+    and MoE expert weights live on another mesh than the dense ones."""
+    groups: dict = {}
+    for t in tensors:
+        groups.setdefault(t.device_mesh if isinstance(t, DTensor) else None, []).append(t)
+    return groups
+
+
+def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """L2 norm of ``grads`` (float64 on CPU), full over each DTensor's mesh."""
+    if grads and grads[0].device.type == "cpu":
+        grads = [g.double() for g in grads]
+    norms = []
+    for same_mesh in _by_mesh(grads).values():
+        norm = torch.nn.utils.get_total_norm(same_mesh, norm_type=2.0, foreach=True)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    if len(norms) == 1:
+        return norms[0]
+    return torch.stack(norms).square().sum().sqrt()

@@ -54,6 +54,9 @@ class Trainer:
             cuda=self.device.type == "cuda",
         )
         self.step_loss = per_step_loss(self.summed_loss, self._loss_tokens)
+        if self._moe_meshes_needed():
+            # Every rank builds them here, before a pipeline stage without MoE layers skips it.
+            self.dims.moe_meshes()
         self.model_parts, self.schedule, self.stage_plan = build_model_parts(
             cfg, self.model_args, self.dims, self.device, self.step_loss
         )
@@ -95,6 +98,15 @@ class Trainer:
         logger.info("tokenizer: %s tokens; training data %s", vocab, loader.describe())
         return loader
 
+    def _moe_meshes_needed(self) -> bool:
+        moe = getattr(self.model_args, "moe", None) is not None
+        return moe and dist.is_initialized() and (self.dims.ep > 1 or self.dims.tp > 1)
+
+    def _expert_load_mesh(self):
+        """Where expert loads are summed: every rank whose MoE layers saw other tokens (TP ranks
+        too: the layers run on each rank's sequence shard)."""
+        return self.dims.moe_meshes().tokens if self._moe_meshes_needed() else self.dims.loss_mesh
+
     def _build_expert_balance(self) -> ExpertBalance:
         dims, p = self.dims, self.cfg.parallelism
         microbatches = 1
@@ -102,12 +114,12 @@ class Trainer:
             microbatches = microbatch_count(
                 self.cfg.training.local_batch_size, p.pipeline_parallel_microbatch_size
             )
-        distributed = dist.is_initialized()
+        loads = self._expert_load_mesh() if dist.is_initialized() else None
         balance = ExpertBalance(
             self.model_parts,
             self.model_args.n_layers,
             forwards_per_step=self.accum_steps * microbatches,
-            group=dims.loss_mesh.get_group() if distributed and dims.loss_mesh.size() > 1 else None,
+            group=loads.get_group() if loads is not None and loads.size() > 1 else None,
             pp_group=dims.mesh("pp").get_group() if dims.pp > 1 else None,
         )
         if balance.active:

@@ -69,6 +69,48 @@ LAYOUTS = {
             "--activation_checkpoint.mode=selective",
         ],
     ),
+    # Expert parallel: two ranks split each layer's 8 experts, FSDP shards each half over the
+    # other two; compiled blocks break their graph around the token exchange.
+    "moe_ep2_fsdp4_compile_full_ac": (
+        MOE,
+        4,
+        [
+            "--training.local_batch_size=2",
+            "--parallelism.expert_parallel_degree=2",
+            "--compile.enable",
+            "--activation_checkpoint.mode=full",
+        ],
+    ),
+    # Under TP the MoE layer runs on each rank's sequence shard; the TP pair is the EP group.
+    "moe_ep2_tp2_selective_op": (
+        MOE,
+        4,
+        [
+            "--training.local_batch_size=4",
+            "--parallelism.tensor_parallel_degree=2",
+            "--parallelism.expert_parallel_degree=2",
+            "--activation_checkpoint.mode=selective",
+        ],
+    ),
+    "moe_aux_pp2_ep2": (
+        MOE_AUX,
+        4,
+        [
+            "--training.local_batch_size=4",
+            "--parallelism.pipeline_parallel_degree=2",
+            "--parallelism.pipeline_parallel_microbatch_size=2",
+            "--parallelism.expert_parallel_degree=2",
+        ],
+    ),
+    "moe_cp2_ep2": (
+        MOE,
+        4,
+        [
+            "--training.local_batch_size=4",
+            "--parallelism.context_parallel_degree=2",
+            "--parallelism.expert_parallel_degree=2",
+        ],
+    ),
     # The tied table: FSDP keeps the embedding and head in the root group, TP re-ties the
     # sharded parameter after its styles replaced it.
     "tied_fsdp2_tp2": (
@@ -135,6 +177,8 @@ def test_qwen3_layout_matches_single_process(layout, references, tmp_path):
     seed, reference = references(model)
     out = run_trainer(nproc, [*model, *TINY_JOB, *overrides, *from_seed(seed, tmp_path)])
     assert "training done" in out, out[-2000:]
+    if "--parallelism.expert_parallel_degree=2" in overrides:
+        assert "ep=2" in out
     assert_curves_match(curves(tmp_path), curves(reference), points=6, rtol=RTOL)
     if model[:2] == MOE:
         assert "dropless" in out

@@ -27,7 +27,14 @@ def one_line_error(capsys, monkeypatch, argv, world_size=1) -> str:
         ([*QWEN3, "--model.moe_aux_loss_coeff", "0.01"], 1, "debugmodel is dense"),
         (["--model.moe_top_k", "2"], 1, "llama3 has none"),
         ([*MOE, "--model.moe_aux_loss_coeff", "-1"], 1, "moe_aux_loss_coeff must be >= 0"),
-        ([*MOE, "--parallelism.tensor_parallel_degree", "2"], 2, "no tensor-parallel plan"),
+        ([*MOE, "--parallelism.expert_parallel_degree", "3"], 3, "must divide the 8 experts"),
+        ([*QWEN3, "--parallelism.expert_parallel_degree", "2"], 2, "needs a MoE flavor"),
+        (["--parallelism.expert_parallel_degree", "2"], 2, "needs a MoE flavor"),
+        (
+            [*MOE, "--parallelism.expert_parallel_degree", "4"],
+            2,
+            "must be >= 1 and divide dp_shard x cp x tp = 2",
+        ),
         (
             [
                 *QWEN3,

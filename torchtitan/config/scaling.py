@@ -24,6 +24,9 @@ class Parallelism(Section):
     data_parallel_shard_degree: int = opt(-1, "FSDP shard degree; -1 = whatever is left")
     tensor_parallel_degree: int = opt(1, "tensor + sequence parallel degree")
     context_parallel_degree: int = opt(1, "context parallel degree")
+    expert_parallel_degree: int = opt(
+        1, "MoE: ranks one layer's experts are split over, taken from dp_shard x cp x tp"
+    )
     context_parallel_rotate_method: RotateMethod = opt(
         "allgather", "how ring attention exchanges K/V shards"
     )

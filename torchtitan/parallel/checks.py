@@ -12,6 +12,7 @@ from torchtitan.models import family_of
 from torchtitan.models.llama3 import ModelArgs
 from torchtitan.parallel.context_parallel import check_cp
 from torchtitan.parallel.dims import ParallelDims
+from torchtitan.parallel.expert_parallel import check_expert_parallel
 from torchtitan.parallel.pipeline import (
     ZERO_BUBBLE,
     check_microbatches,
@@ -50,7 +51,9 @@ def check_parallelism(cfg: JobConfig, model_args: ModelArgs, world_size: int) ->
                 "--parallelism.enable_async_tensor_parallel needs tensor_parallel_degree > 1, "
                 "--compile.enable and CUDA GPUs"
             )
-    reason = family_of(cfg.model.name).unsupported(model_args, dims)
+    moe = getattr(model_args, "moe", None)
+    reason = check_expert_parallel(moe.num_experts if moe else None, dims.ep)
+    reason = reason or family_of(cfg.model.name).unsupported(model_args, dims)
     if reason:
         raise ConfigError(reason)
     return dims

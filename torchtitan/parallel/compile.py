@@ -7,6 +7,7 @@ compile cost is paid once; FSDP's hooks stay outside the compiled regions.
 from __future__ import annotations
 
 import os
+from functools import partial
 
 import torch
 import torch.nn as nn
@@ -49,14 +50,14 @@ def tune_kernels_by_coordinate_descent() -> None:
     inductor_config.coordinate_descent_tuning = True
 
 
-def _compile(block: nn.Module) -> nn.Module:
-    return torch.compile(block, fullgraph=True)
+def _compile(block: nn.Module, fullgraph: bool = True) -> nn.Module:
+    return torch.compile(block, fullgraph=fullgraph)
 
 
-def _compile_forward(block: nn.Module) -> nn.Module:
+def _compile_forward(block: nn.Module, fullgraph: bool = True) -> nn.Module:
     """Compile ``block.forward`` in place: the module keeps its class and parameter names, so a
     checkpoint wrapper around it reads as one around the plain block (DCP's names)."""
-    block.forward = torch.compile(block.forward, fullgraph=True)
+    block.forward = torch.compile(block.forward, fullgraph=fullgraph)
     return block
 
 
@@ -71,6 +72,7 @@ def apply_compile(
     in_place: bool = False,
     reorder_collectives: bool = False,
     tune_kernels: bool = False,
+    fullgraph: bool = True,
 ) -> None:
     """Replace each block with its compiled wrapper, in place (``in_place``: compile each
     block's forward and keep the module, for a checkpoint wrapper to go around it).
@@ -83,12 +85,15 @@ def apply_compile(
 
     ``reorder_collectives``: see :func:`reorder_collectives_for_overlap`.
     ``tune_kernels``: see :func:`tune_kernels_by_coordinate_descent`.
+    ``fullgraph``: False lets a block break its graph where it must run eagerly (the expert
+    parallel token exchange).
     """
     if reorder_collectives:
         reorder_collectives_for_overlap()
     if tune_kernels:
         tune_kernels_by_coordinate_descent()
-    replace_blocks(model, _compile_forward if in_place else _compile, blocks_attr)
+    compile_one = _compile_forward if in_place else _compile
+    replace_blocks(model, partial(compile_one, fullgraph=fullgraph), blocks_attr)
     if clone_first_input:
         first = block_items(model, blocks_attr)[0][1]
         first.register_forward_pre_hook(_clone_tensor_inputs)

@@ -2,7 +2,8 @@
 pipeline stage of any model family, in order.
 
 Order: float8 linears -> the experimental switches -> TP/SP (+ loss parallel, async TP, float8
-shard scales) -> activation checkpointing -> per-block compile -> FSDP2 (or HSDP / DDP).
+shard scales) -> expert parallel -> activation checkpointing -> per-block compile -> FSDP2 (or
+HSDP / DDP; the MoE layers' own groups first).
 Float8 conversion swaps modules, which the TP styles and FSDP then wrap. TP comes before the
 rest because it replaces parameters with DTensors that AC, compile and FSDP then see; compile
 wraps the checkpointed blocks (except whole-block checkpointing under TP, which goes around the
@@ -20,12 +21,18 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from torchtitan import experimental, float8
 from torchtitan.dtypes import DTYPES
 from torchtitan.parallel.activation_checkpoint import apply_ac, checkpoints_whole_blocks
 from torchtitan.parallel.compile import apply_compile
-from torchtitan.parallel.fsdp import apply_fsdp
+from torchtitan.parallel.expert_parallel import (
+    apply_expert_parallel,
+    fully_shard_moe_layers,
+    has_moe,
+)
+from torchtitan.parallel.fsdp import apply_fsdp, reshard_after_forward
 from torchtitan.parallel.tensor_parallel import apply_tp, enable_async_tp
 
 if TYPE_CHECKING:
@@ -47,14 +54,28 @@ def parallelize(
     extras = experimental.apply_experimental(model, cfg, where, fsdp_mesh, family)
     if dims.tp > 1:
         _tensor_parallel(model, family, dims, cfg)
+    moe_meshes = dims.moe_meshes() if has_moe(model) and (dims.ep > 1 or dims.tp > 1) else None
+    if dims.ep > 1:
+        apply_expert_parallel(model, moe_meshes.ep)
     _checkpoint_and_compile(model, family, dims, cfg)
+    t, on_gpu = cfg.training, where.on_gpu
+    param_dtype = DTYPES[t.mixed_precision_param] if on_gpu else torch.float32
+    reduce_dtype = DTYPES[t.mixed_precision_reduce] if on_gpu else torch.float32
+    if moe_meshes is not None:
+        fully_shard_moe_layers(
+            model,
+            experts_mesh=moe_meshes.experts_fsdp if dims.ep > 1 else None,
+            dense_mesh=moe_meshes.dense_fsdp if dims.tp > 1 else None,
+            mp_policy=MixedPrecisionPolicy(param_dtype, reduce_dtype, cast_forward_inputs=False),
+            reshard=reshard_after_forward(cfg.parallelism.fsdp_reshard_after_forward, dims.pp > 1),
+            divide_factor=dims.dp_replicate * dims.fsdp_degree,
+        )
     if dims.data_parallel:
-        t, on_gpu = cfg.training, where.on_gpu
         apply_fsdp(
             model,
             fsdp_mesh,
-            param_dtype=DTYPES[t.mixed_precision_param] if on_gpu else torch.float32,
-            reduce_dtype=DTYPES[t.mixed_precision_reduce] if on_gpu else torch.float32,
+            param_dtype=param_dtype,
+            reduce_dtype=reduce_dtype,
             reshard_policy=cfg.parallelism.fsdp_reshard_after_forward,
             pipeline_parallel=dims.pp > 1,
             blocks_attr=family.blocks_attr,
@@ -69,7 +90,13 @@ def parallelize(
 def _tensor_parallel(model: nn.Module, family: ModelFamily, dims: ParallelDims, cfg: JobConfig):
     p = cfg.parallelism
     root_plan = family.root_tp_plan(not p.disable_loss_parallel)
-    apply_tp(model, dims.mesh("tp"), root_plan, family.block_tp_plan(), family.blocks_attr)
+    dense_plan = family.block_tp_plan()
+    moe_plan = family.moe_block_tp_plan() if family.moe_block_tp_plan else None
+
+    def plan_of(block: nn.Module):
+        return moe_plan if moe_plan is not None and has_moe(block) else dense_plan
+
+    apply_tp(model, dims.mesh("tp"), root_plan, plan_of, family.blocks_attr)
     if float8.scales_tp_shards(cfg.float8):
         float8.scale_float8_by_shard(model, family.blocks_attr)
     if p.enable_async_tensor_parallel:
@@ -101,6 +128,8 @@ def _checkpoint_and_compile(
             clone_first_input=dims.tp > 1,
             in_place=outside,
             reorder_collectives=cfg.compile.reorder_collectives,
+            # The token exchange reads its split sizes on the host: a graph break per MoE layer.
+            fullgraph=dims.ep == 1,
             tune_kernels=cfg.compile.tune_kernels,
         )
     if outside:

@@ -8,6 +8,7 @@ examples/parallelize_custom_model.py.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -22,10 +23,11 @@ def apply_tp(
     model: nn.Module,
     tp_mesh: DeviceMesh,
     root_plan: dict[str, ParallelStyle],
-    block_plan: dict[str, ParallelStyle],
+    block_plan: dict[str, ParallelStyle] | Callable[[nn.Module], dict[str, ParallelStyle]],
     blocks_attr: str = "layers",
 ) -> None:
-    """Apply ``root_plan`` to ``model`` and ``block_plan`` to each block.
+    """Apply ``root_plan`` to ``model`` and ``block_plan`` to each block (a callable gives each
+    block its plan, e.g. one for dense and one for MoE blocks).
 
     Root-plan entries whose top-level module is absent (e.g. cut away by a pipeline split) are
     skipped; nested keys ("head.proj") and wildcards are passed on to ``parallelize_module``.
@@ -43,7 +45,8 @@ def apply_tp(
         for module, other in rest:
             setattr(module, other, getattr(first, name))
     for _, block in block_items(model, blocks_attr):
-        parallelize_module(block, tp_mesh, block_plan)
+        plan = block_plan(block) if callable(block_plan) else block_plan
+        parallelize_module(block, tp_mesh, plan)
 
 
 def _tied_owners(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:

@@ -27,6 +27,8 @@ class ModelFamily:
     # one for the root (its argument: whether the head leaves the logits vocabulary-sharded).
     block_tp_plan: Callable[[], dict[str, Any]]
     root_tp_plan: Callable[[bool], dict[str, Any]]
+    # The plan of a block whose feed-forward is a MoE layer, when the family has them.
+    moe_block_tp_plan: Callable[[], dict[str, Any]] | None = None
     # Float8: linears kept in high precision by default, and those whose input (fed by a norm)
     # is cast for the weight gradient in a tiled kernel rather than inside the norm's backward.
     float8_exclude: tuple[str, ...] = ("output",)

@@ -132,7 +132,7 @@ class GroupedExperts(nn.Module):
         grouped = self.grouped
         if grouped is None:
             grouped = grouped_mm_usable(x, self.dim, self.hidden_dim)
-        w1, w2, w3 = (w.to(x.dtype) for w in (self.w1, self.w2, self.w3))
+        w1, w2, w3 = (_local(w).to(x.dtype) for w in (self.w1, self.w2, self.w3))
         if grouped:
             return _grouped_swiglu(x, counts, w1, w2, w3)
         if torch.compiler.is_compiling():
@@ -143,6 +143,12 @@ class GroupedExperts(nn.Module):
         _trunc_normal(self.w1, init_std)
         _trunc_normal(self.w3, init_std)
         _trunc_normal(self.w2, out_std)
+
+
+def _local(w: torch.Tensor) -> torch.Tensor:
+    """This rank's experts: under expert parallelism the weights are DTensors split on the
+    expert dimension (torchtitan.parallel.expert_parallel), which routes the rows to match."""
+    return w.to_local() if hasattr(w, "to_local") else w
 
 
 def _grouped_swiglu(x, counts, w1, w2, w3) -> torch.Tensor:

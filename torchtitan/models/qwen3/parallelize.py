@@ -3,7 +3,12 @@ key norms, the MoE router kept in high precision, and what it cannot run under y
 
 from __future__ import annotations
 
-from torch.distributed.tensor.parallel import ParallelStyle, SequenceParallel
+from torch.distributed.tensor import Shard
+from torch.distributed.tensor.parallel import (
+    ParallelStyle,
+    PrepareModuleInput,
+    SequenceParallel,
+)
 
 from torchtitan.models.common.family import ModelFamily
 from torchtitan.models.llama3.parallelize import LLAMA3, root_tp_plan
@@ -22,13 +27,18 @@ def block_tp_plan() -> dict[str, ParallelStyle]:
     return plan
 
 
+def moe_block_tp_plan() -> dict[str, ParallelStyle]:
+    """Attention as in a dense block; the MoE layer runs on each rank's own sequence shard
+    (TP ranks are data-parallel ranks for it, see torchtitan.parallel.expert_parallel)."""
+    plan = {k: v for k, v in block_tp_plan().items() if not k.startswith("feed_forward")}
+    plan["moe"] = PrepareModuleInput(
+        input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True
+    )
+    return plan
+
+
 def unsupported(args: Qwen3Args, dims) -> str | None:
     """Why these dims cannot run this Qwen3 shape yet, or None."""
-    if args.moe is not None and dims.tp > 1:
-        return (
-            "Qwen3 MoE flavors run under data, context and pipeline parallelism; their expert "
-            "layers have no tensor-parallel plan: drop --parallelism.tensor_parallel_degree"
-        )
     if args.tie_embeddings and dims.pp > 1:
         return (
             "this Qwen3 flavor ties its embedding table to the head, which a pipeline split would "
@@ -48,6 +58,7 @@ QWEN3 = ModelFamily(
     output_modules=LLAMA3.output_modules,
     block_tp_plan=block_tp_plan,
     root_tp_plan=root_tp_plan,
+    moe_block_tp_plan=moe_block_tp_plan,
     float8_exclude=("output", "router.gate"),
     float8_tiled_cast=LLAMA3.float8_tiled_cast,
     swiglu_attr="feed_forward",
