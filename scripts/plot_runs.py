@@ -6,7 +6,9 @@ Reads each run's ``metrics/*.jsonl`` (``torchtitan/run_metrics.py``: a resumed r
 joined in step order, a later launch winning for steps logged twice) and draws three panels
 against the step: the training loss (and the validation loss, dashed, where the run logged
 ``val_loss``), tokens per second per device, and peak memory (CUDA runs; ``memory_peak_gib``
-reserved, solid, and ``memory_peak_active_gib`` allocated, dotted). Needs matplotlib:
+reserved, solid, and ``memory_peak_active_gib`` allocated, dotted). Runs of MoE models add a
+fourth panel: the expert load imbalance (max / mean tokens per expert of the worst layer).
+Needs matplotlib:
 ``pip install -e ".[plot]"``. See docs/plots.md.
 """
 
@@ -38,6 +40,20 @@ PANELS = [
 ]
 
 
+# Drawn only when a run logged it.
+MOE_PANEL = (
+    "expert load imbalance (worst layer)",
+    "max / mean tokens per expert",
+    [("moe_load_imbalance", "-", "")],
+    "",
+)
+
+
+def panels_for(runs: list[RunMetrics]) -> list[tuple]:
+    moe = any(run.series("moe_load_imbalance")[0] for run in runs)
+    return [*PANELS, MOE_PANEL] if moe else list(PANELS)
+
+
 def run_labels(folders: list[Path]) -> list[str]:
     """Each folder's name, or its whole path where names repeat."""
     names = [f.resolve().name for f in folders]
@@ -50,9 +66,10 @@ def draw(runs: list[RunMetrics], labels: list[str], out: Path, title: str | None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(len(PANELS), 1, figsize=(9, 3.2 * len(PANELS)), sharex=True)
+    panels = panels_for(runs)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 3.2 * len(panels)), sharex=True)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, (name, ylabel, keys, empty) in zip(axes, PANELS):
+    for ax, (name, ylabel, keys, empty) in zip(axes, panels):
         drawn = False
         for i, (run, label) in enumerate(zip(runs, labels)):
             for key, style, suffix in keys:

@@ -133,3 +133,16 @@ def test_plot_runs_refuses_a_run_with_no_readable_line(tmp_path, capsys):
         "its first log); nothing to plot\n"
     )
     assert not png.exists()
+
+
+def test_moe_runs_get_an_imbalance_panel(tmp_path):
+    spec = importlib.util.spec_from_file_location("plot_runs", ROOT / "scripts" / "plot_runs.py")
+    plot_runs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot_runs)
+    dense, moe = tmp_path / "dense", tmp_path / "moe"
+    write_launch(dense, "run", [row(s, 9.0 - s) for s in range(1, 4)])
+    rows = [row(s, 9.0 - s, moe_load_imbalance=2.0 - s / 10) for s in range(1, 4)]
+    write_launch(moe, "run", rows)
+    assert len(plot_runs.panels_for([read_metrics(dense)])) == 3
+    panels = plot_runs.panels_for([read_metrics(dense), read_metrics(moe)])
+    assert panels[-1][2][0][0] == "moe_load_imbalance"

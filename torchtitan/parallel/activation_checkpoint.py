@@ -29,6 +29,8 @@ SAVE_MATMULS = choices(SaveMatmuls)
 # compiled, torch 2.13), so mm covers them; _scaled_mm, the float8 kernel, is kept where it
 # reaches the policy directly.
 _MATMULS = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten._scaled_mm.default}
+if hasattr(aten, "_grouped_mm"):  # MoE experts (torchtitan.models.common.moe)
+    _MATMULS.add(aten._grouped_mm.default)
 # The amax reductions of float8 casts: one value per tensor or per row, so keeping them costs
 # nothing and spares the recompute a pass over the activation (and under TP an all-reduce).
 _AMAX = {aten.max.default, aten.amax.default}
@@ -45,7 +47,12 @@ def _ops_to_save() -> set:
     }
     functional = getattr(torch.ops, "_c10d_functional", None)
     if functional is not None:
-        ops |= {functional.reduce_scatter_tensor.default, functional.all_reduce.default}
+        ops |= {
+            functional.reduce_scatter_tensor.default,
+            functional.all_reduce.default,
+            # Expert parallel's token exchange: recomputing it would repeat the all-to-all.
+            functional.all_to_all_single.default,
+        }
     return ops
 
 
