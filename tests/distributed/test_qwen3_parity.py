@@ -34,48 +34,15 @@ DENSE_TIED = ("--model.name=qwen3", "--model.flavor=debugmodel_tied")
 
 LAYOUTS = {
     # name: (model, processes, overrides)
-    "moe_aux_fsdp2_accum2_full_ac": (
+    # Expert parallel: two ranks split each layer's 8 experts and FSDP shards each half over the
+    # other two; compiled blocks break their graph around the token exchange (inside it fp32
+    # experts take the masked path), full AC recomputes the exchange, and the loads are counted
+    # once; two micro-batches per step weight the aux loss.
+    "moe_aux_ep2_fsdp4_accum2_compile_full_ac": (
         MOE_AUX,
-        2,
-        ["--training.local_batch_size=2", "--activation_checkpoint.mode=full"],
-    ),
-    "moe_aux_pp2_1f1b": (
-        MOE_AUX,
-        2,
-        [
-            "--training.local_batch_size=8",
-            "--parallelism.pipeline_parallel_degree=2",
-            "--parallelism.pipeline_parallel_schedule=1F1B",
-            "--parallelism.pipeline_parallel_microbatch_size=2",
-        ],
-    ),
-    # Compiled blocks: fp32 takes the masked expert path inside the graph, and the loads are
-    # counted once although selective AC recomputes inside the compiled backward.
-    "moe_fsdp2_compile_selective_op": (
-        MOE,
-        2,
-        [
-            "--training.local_batch_size=4",
-            "--compile.enable",
-            "--activation_checkpoint.mode=selective",
-        ],
-    ),
-    "moe_cp2_selective_op": (
-        MOE,
-        2,
-        [
-            "--training.local_batch_size=8",
-            "--parallelism.context_parallel_degree=2",
-            "--activation_checkpoint.mode=selective",
-        ],
-    ),
-    # Expert parallel: two ranks split each layer's 8 experts, FSDP shards each half over the
-    # other two; compiled blocks break their graph around the token exchange.
-    "moe_ep2_fsdp4_compile_full_ac": (
-        MOE,
         4,
         [
-            "--training.local_batch_size=2",
+            "--training.local_batch_size=1",
             "--parallelism.expert_parallel_degree=2",
             "--compile.enable",
             "--activation_checkpoint.mode=full",
@@ -92,6 +59,8 @@ LAYOUTS = {
             "--activation_checkpoint.mode=selective",
         ],
     ),
+    # The aux loss's gradient enters each stage's layers through their outputs, weighted by the
+    # pipeline microbatches.
     "moe_aux_pp2_ep2": (
         MOE_AUX,
         4,
@@ -102,13 +71,15 @@ LAYOUTS = {
             "--parallelism.expert_parallel_degree=2",
         ],
     ),
-    "moe_cp2_ep2": (
+    # The CP pair is the EP group: each rank routes its part of every sequence.
+    "moe_cp2_ep2_selective_op": (
         MOE,
         4,
         [
             "--training.local_batch_size=4",
             "--parallelism.context_parallel_degree=2",
             "--parallelism.expert_parallel_degree=2",
+            "--activation_checkpoint.mode=selective",
         ],
     ),
     # The tied table: FSDP keeps the embedding and head in the root group, TP re-ties the

@@ -23,6 +23,7 @@ import functools
 
 from torchtitan.models.llama3 import ModelArgs
 from torchtitan.planning import calibration as cal
+from torchtitan.planning import moe
 from torchtitan.planning.shapes import Shapes, shapes
 
 # (saved tensor, width per token, sharded by TP, the modes that keep it, the linears that use
@@ -30,7 +31,9 @@ from torchtitan.planning.shapes import Shapes, shapes
 # (heads, FFN columns, or the sequence for the SP residual stream); the others are full (the
 # all-gathered norm outputs). Compiled selective AC drops the saved matmul outputs no backward
 # needs (w2's; wo's under TP, where the reduce-scatter output is kept instead). A tensor used
-# only by linears that all run in float8 is recomputed instead (compiled, TP 1).
+# only by linears that all run in float8 is recomputed instead (compiled, TP 1). In a MoE block
+# the FFN rows are 0 wide (ffn 0) and the ffn norm output is the MoE layer's input on the TP
+# sequence shard, not gathered; what the MoE layer keeps is moe.saved_bytes_per_token.
 BLOCK_TENSORS = (
     ("block input x", "dim", True, {"none", "all", "alternate", "full"}, ()),
     ("attention norm output (gathered)", "dim", False, {"none"}, ("wq", "wk", "wv")),
@@ -64,15 +67,17 @@ def block_bytes_per_token(
     autocast: bool = False,
     compiled: bool = True,
     float8: frozenset[str] = frozenset(),
+    ep: int = 1,
 ) -> float:
     """Bytes one block keeps for backward per token of this rank's (sequence) share.
 
     autocast: one GPU without FSDP (fp32 weights). The residual stream is bf16 there too: the
     model casts the embedding's output to autocast's dtype.
     cp > 1: ring attention also keeps about the K/V of the other CP ranks (none and selective
-    modes; calibration.CP_SAVED_KV). float8: the block linears that run in float8.
+    modes; calibration.CP_SAVED_KV). float8: the block linears that run in float8. ep: the
+    expert parallel degree (MoE blocks).
     """
-    return _block_bytes(shapes(model), kind, tp, cp, bf16, autocast, compiled, float8)
+    return _block_bytes(shapes(model), kind, tp, cp, bf16, autocast, compiled, float8, ep)
 
 
 def _recomputed_for_float8(users: tuple, float8: frozenset, tp: int, compiled: bool) -> bool:
@@ -80,26 +85,29 @@ def _recomputed_for_float8(users: tuple, float8: frozenset, tp: int, compiled: b
 
 
 @functools.lru_cache(maxsize=4096)
-def _block_bytes(w: Shapes, kind, tp, cp, bf16, autocast, compiled, float8) -> float:
+def _block_bytes(w: Shapes, kind, tp, cp, bf16, autocast, compiled, float8, ep=1) -> float:
     act = 2 if bf16 else 4
     total = 0.0
-    for _, width, sharded, modes, users in BLOCK_TENSORS:
+    for name, width, sharded, modes, users in BLOCK_TENSORS:
+        sharded = sharded or (w.experts > 0 and name.startswith("ffn norm"))
         share = getattr(w, width) / (tp if sharded else 1)
         if kind in modes and not _recomputed_for_float8(users, float8, tp, compiled):
             total += act * share
     for extra in FP32_EXTRAS.get(kind, ()):
         total += 4 * (getattr(w, extra) if isinstance(extra, str) else extra) / tp
     if tp > 1 and kind in ("all", "alternate"):
-        # Collectives are not recomputed: the sequence-gathered norm outputs stay saved, and so
-        # does wo's reduce-scatter output where alternate recomputes wo itself.
-        total += 2 * act * w.dim + (act * w.dim / tp if kind == "alternate" else 0)
+        # Collectives are not recomputed: the sequence-gathered norm outputs stay saved (a MoE
+        # block gathers only the attention's), and so does wo's reduce-scatter output where
+        # alternate recomputes wo itself.
+        gathered = 1 if w.experts else 2
+        total += gathered * act * w.dim + (act * w.dim / tp if kind == "alternate" else 0)
     if kind != "full" and cp > 1:
         total += cal.CP_SAVED_KV * (cp - 1) * 2 * act * w.kv / tp
     if not compiled and kind == "none":
         total += (act * w.ffn + 8 * w.dim) / tp  # eager: silu output, fp32 norm internals
     elif not compiled and kind != "full":
         total += act * w.dim / tp  # eager SAC keeps w2's output too
-    return total
+    return total + moe.saved_bytes_per_token(w, kind, tp, ep, act)
 
 
 def recompute_bytes_per_token(model: ModelArgs | Shapes, kind: str, **kwargs) -> float:
@@ -117,15 +125,17 @@ def block_fixed_bytes(
     autocast: bool,
     tp: int = 1,
     float8: frozenset[str] = frozenset(),
+    ep: int = 1,
 ) -> float:
     """Per-block bytes that do not scale with tokens: under autocast without AC, the bf16 copies of
     the block's weights that its matmuls save (selective AC recomputes the casts); float8 linears
-    cast their fp32 weights again in backward instead."""
+    cast their fp32 weights again in backward instead. A MoE layer's grouped GEMMs save the bf16
+    copies of the experts a rank runs (its ep slice), not split by TP."""
     if not autocast or kind != "none":
         return 0.0
     w = shapes(model)
     kept = w.block_params - sum(n for name, n in w.linears.items() if name in float8)
-    return 2 * kept / tp
+    return 2 * kept / tp + 2 * moe.gathered_params(w, ep)
 
 
 # ---------------------------------------------------------------------------- head and loss

@@ -8,7 +8,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from torchtitan.config import ConfigError, JobConfig
+from torchtitan.config import JobConfig
 from torchtitan.kernels.inplace_loss import in_place_chosen
 from torchtitan.models import family_of, model_args_from_config
 from torchtitan.models.llama3 import ModelArgs
@@ -35,6 +35,9 @@ class Layout(DerivedDegrees):
     ac_mode: str = "none"  # none, full, selective
     ac_option: str = "op"  # with selective: "op" or N (every N-th block fully checkpointed)
     save_matmuls: str = "all"  # with selective op: all or alternate
+    # Expert parallel: ranks of dp_shard x cp x tp (not extra ranks) that split each MoE layer's
+    # experts; 1 for dense models.
+    ep: int = 1
 
     @property
     def world_size(self) -> int:
@@ -63,7 +66,8 @@ class Layout(DerivedDegrees):
         for name in ("cp", "tp"):
             if getattr(self, name) > 1:
                 parts.append(f"{name.upper()}{getattr(self, name)}")
-        return "x".join(parts) or "1 GPU"
+        # EP takes its ranks from the others: after a comma, not a factor of the world size.
+        return "x".join(parts) + (f",EP{self.ep}" if self.ep > 1 else "") or "1 GPU"
 
     def describe_ac(self) -> str:
         if self.ac_mode != "selective":
@@ -86,6 +90,7 @@ class Layout(DerivedDegrees):
             "parallelism.context_parallel_degree": self.cp,
             "parallelism.tensor_parallel_degree": self.tp,
             "parallelism.pipeline_parallel_degree": self.pp,
+            "parallelism.expert_parallel_degree": self.ep,
             "activation_checkpoint.mode": self.ac_mode,
             "training.local_batch_size": self.local_batch_size,
         }
@@ -141,6 +146,7 @@ class Layout(DerivedDegrees):
             ac_mode=ac.mode,
             ac_option=ac.selective_ac_option,
             save_matmuls=ac.save_matmuls,
+            ep=p.expert_parallel_degree,
         )
 
 
@@ -165,14 +171,9 @@ class Workload:
     @classmethod
     def from_config(cls, cfg: JobConfig, compile: bool | None = None) -> Workload:
         """The config's workload; the model's shape as the trainer builds it (flavor + the
-        ``[model]`` overrides); a bad shape raises ConfigError."""
+        ``[model]`` overrides, MoE layers included); a bad shape raises ConfigError."""
         t, p, x = cfg.training, cfg.parallelism, cfg.experimental
         model = model_args_from_config(cfg.model, cfg.training.seq_len)
-        if getattr(model, "moe", None) is not None:
-            raise ConfigError(
-                f"the planner models dense layers only; {cfg.model.name} {cfg.model.flavor} has "
-                "MoE layers: size its jobs with a short run (memory and tokens/s are logged)"
-            )
         return cls(
             model=model,
             seq_len=t.seq_len,

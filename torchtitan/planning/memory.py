@@ -6,6 +6,9 @@ pipeline ranks, the first block recomputes). Gradients are not alive yet (the tr
 to None after each step), except those that pipeline parallelism or gradient accumulation carry
 across microbatches. The sum is scaled by the calibrated allocator overhead (calibration.py),
 since the measured figure is ``torch.cuda.max_memory_reserved``.
+
+MoE blocks (moe.py): a rank gathers the router, the shared experts and its ep slice of the
+routed experts, and stores 1 / (dp_shard x cp x tp) of every MoE layer's weights (all experts).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass, field
 
 from torchtitan.models.llama3 import ModelArgs
 from torchtitan.planning import calibration as cal
+from torchtitan.planning import moe
 from torchtitan.planning.activations import (
     ac_kind,
     block_bytes_per_token,
@@ -32,33 +36,46 @@ from torchtitan.planning.shapes import Shapes, shapes
 
 @dataclass(frozen=True)
 class ParamCounts:
-    """Parameters of one rank's units after tensor parallelism (before FSDP sharding)."""
+    """Parameters of one rank's units after tensor (and expert) parallelism, before FSDP
+    sharding: what FSDP gathers."""
 
     block: float
     embedding: float
     head: float  # final norm + output projection
 
 
-def param_counts(model: ModelArgs | Shapes, tp: int) -> ParamCounts:
-    """TP shards every projection and the embedding; the RMSNorm weights are replicated."""
-    return _param_counts(shapes(model), tp)
+def param_counts(model: ModelArgs | Shapes, tp: int, ep: int = 1) -> ParamCounts:
+    """TP shards every projection and the embedding; the RMSNorm weights are replicated. A MoE
+    layer is not split by TP; EP splits its routed experts (moe.gathered_params)."""
+    return _param_counts(shapes(model), tp, ep)
 
 
 @functools.lru_cache(maxsize=256)
-def _param_counts(s: Shapes, tp: int) -> ParamCounts:
+def _param_counts(s: Shapes, tp: int, ep: int) -> ParamCounts:
     return ParamCounts(
-        block=(s.block_params - 2 * s.dim) / tp + 2 * s.dim,
+        block=(s.block_params - 2 * s.dim) / tp + 2 * s.dim + moe.gathered_params(s, ep),
         embedding=s.vocab * s.dim / tp,
         head=s.vocab * s.dim / tp + s.dim,
     )
 
 
-def rank_params(model: ModelArgs | Shapes, tp: int, stages: RankStages) -> float:
-    counts = param_counts(model, tp)
+def rank_params(model: ModelArgs | Shapes, tp: int, stages: RankStages, ep: int = 1) -> float:
+    counts = param_counts(model, tp, ep)
     total = stages.n_blocks * counts.block
     total += counts.embedding if stages.embedding else 0
     total += counts.head if stages.head else 0
     return total
+
+
+def stored_params(work: Workload, layout: Layout, stages: RankStages) -> float:
+    """Parameters one rank stores (fp32 weights, optimizer state, sharded gradients): its units
+    after TP / the FSDP degree, but every MoE layer / (dp_shard x cp x tp) (moe.py)."""
+    params = rank_params(work.shape, layout.tp, stages, layout.ep)
+    shard = layout.fsdp_degree if layout.data_parallel else 1
+    if not work.shape.experts:
+        return params / shard
+    gathered = stages.n_blocks * moe.gathered_params(work.shape, layout.ep)
+    return (params - gathered) / shard + stages.n_blocks * moe.stored_params(work.shape, layout)
 
 
 @dataclass
@@ -85,18 +102,19 @@ class MemoryEstimate:
 
 
 def estimate_memory(work: Workload, layout: Layout) -> MemoryEstimate:
-    """The peak over pipeline ranks (ranks differ in stages, in-flight microbatches and loss)."""
+    """The peak over pipeline ranks (ranks differ in stages, in-flight microbatches and loss).
+    An expert parallel degree the trainer refuses raises ConfigError."""
+    moe.check_expert_degree(work.shape, layout)
     estimates = [_rank_memory(work, layout, stages) for stages in rank_stages(work, layout)]
     return max(estimates, key=lambda e: e.total)
 
 
 def _rank_memory(work: Workload, layout: Layout, stages: RankStages) -> MemoryEstimate:
     parts: dict[str, float] = {}
-    params = rank_params(work.shape, layout.tp, stages)
-    shard = layout.fsdp_degree if layout.data_parallel else 1
-    parts["weights (fp32)"] = 4 * params / shard
-    parts["optimizer state"] = cal.OPTIMIZER_BYTES_PER_PARAM * params / shard
-    parts["gradients"] = _carried_gradients(work, layout, stages, shard)
+    stored = stored_params(work, layout, stages)
+    parts["weights (fp32)"] = 4 * stored
+    parts["optimizer state"] = cal.OPTIMIZER_BYTES_PER_PARAM * stored
+    parts["gradients"] = _carried_gradients(work, layout, stages)
     parts["bf16 weight copies"] = _working_weights(work, layout, stages)
     parts["communication buffers"] = _comm_buffers(work, layout, stages)
     parts["activations"] = _activations(work, layout, stages)
@@ -107,11 +125,12 @@ def _rank_memory(work: Workload, layout: Layout, stages: RankStages) -> MemoryEs
     return MemoryEstimate(parts, stages.pp_rank)
 
 
-def _carried_gradients(work: Workload, layout: Layout, stages: RankStages, shard: int) -> float:
+def _carried_gradients(work: Workload, layout: Layout, stages: RankStages) -> float:
     """Gradients alive at the peak: PP accumulates unsharded gradients (in the reduce dtype)
     over its microbatches, except the row-sharded embedding's, which stay sharded in fp32;
     gradient accumulation keeps the sharded ones of earlier micro-steps."""
-    params = rank_params(work.shape, layout.tp, stages)
+    params = rank_params(work.shape, layout.tp, stages, layout.ep)
+    shard = layout.fsdp_degree if layout.data_parallel else 1
     grad_bytes = 4 if work.reduce_fp32 or not layout.data_parallel else 2
     if layout.pp > 1 and layout.data_parallel:
         carried = grad_bytes * params
@@ -120,7 +139,7 @@ def _carried_gradients(work: Workload, layout: Layout, stages: RankStages, shard
             carried -= grad_bytes * embedding - 4 * embedding / shard
         return carried
     if work.accum_steps(layout) > 1 or layout.pp > 1:
-        return 4 * params / shard
+        return 4 * stored_params(work, layout, stages)
     return 0.0
 
 
@@ -128,7 +147,7 @@ def unit_gather_bytes(work: Workload, layout: Layout) -> tuple[float, float, flo
     """Bytes FSDP all-gathers for one block, the embedding and the head group: bf16 weights,
     but 1 byte for the float8 linears' weights under fsdp_float8_all_gather, and nothing for
     an embedding looked up where its rows live."""
-    counts = param_counts(work.shape, layout.tp)
+    counts = param_counts(work.shape, layout.tp, layout.ep)
     in_float8 = work.float8_gathered(layout)
     block_float8 = sum(n for name, n in work.shape.linears.items() if name in in_float8)
     head_float8 = work.shape.vocab * work.shape.dim if HEAD in in_float8 else 0
@@ -174,7 +193,7 @@ def _comm_buffers(work: Workload, layout: Layout, stages: RankStages) -> float:
     its send/receive buffers per in-flight chunk."""
     total = 0.0
     if layout.data_parallel and work.bf16:
-        counts = param_counts(work.shape, layout.tp)
+        counts = param_counts(work.shape, layout.tp, layout.ep)
         gathered = unit_gather_bytes(work, layout)
         grad_bytes = 4 if work.reduce_fp32 else 2
         units = zip(gathered, (counts.block, counts.embedding, counts.head))
@@ -196,6 +215,7 @@ def _block_kwargs(work: Workload, layout: Layout) -> dict:
         autocast=work.bf16 and not layout.data_parallel,
         compiled=work.compile,
         float8=work.float8_linears,
+        ep=layout.ep,
     )
 
 
@@ -211,7 +231,7 @@ def _stage_bytes(work: Workload, layout: Layout, n_blocks: int, tokens: float) -
     kind, n_kind = _checkpointed_blocks(layout, n_blocks)
     kwargs = _block_kwargs(work, layout)
     model = work.shape
-    fixed = dict(autocast=kwargs["autocast"], tp=layout.tp, float8=kwargs["float8"])
+    fixed = dict(autocast=kwargs["autocast"], tp=layout.tp, float8=kwargs["float8"], ep=layout.ep)
     total = n_kind * (
         block_bytes_per_token(model, kind, **kwargs) * tokens
         + block_fixed_bytes(model, kind, **fixed)
@@ -234,10 +254,11 @@ def _activations(work: Workload, layout: Layout, stages: RankStages) -> float:
 
 def _loss_or_recompute(work: Workload, layout: Layout, stages: RankStages) -> tuple[str, float]:
     """The larger transient on top of the held activations: the loss (last stage) or one
-    checkpointed block's recompute."""
+    checkpointed block's recompute (with a MoE layer's fp32 combine rows in its backward)."""
     tokens = work.microbatch_tokens(layout)
     kind, _ = _checkpointed_blocks(layout, max(stages.layers))
     recompute = recompute_bytes_per_token(work.shape, kind, **_block_kwargs(work, layout)) * tokens
+    recompute += moe.combine_bytes_per_token(work.shape, layout.tp) * tokens
     if not stages.head:
         return "block recompute", recompute
     shards = layout.tp if work.loss_parallel else 1

@@ -8,6 +8,7 @@ from torchtitan.planning.command import planned_config, run_train_command
 from torchtitan.planning.float8 import linear_features
 from torchtitan.planning.hardware import GIB, Hardware
 from torchtitan.planning.layout import Workload
+from torchtitan.planning.moe import describe_params
 from torchtitan.planning.search import Candidate, Plan, usable_bytes
 
 COLUMNS = ("#", "layout", "AC", "pipeline", "batch", "peak memory", "tokens/s/GPU", "MFU")
@@ -45,14 +46,32 @@ def describe_hardware(hw: Hardware) -> str:
     )
 
 
-def header(plan: Plan, flavor: str) -> str:
+def header(plan: Plan, flavor: str, model_name: str = "llama3") -> str:
     w = plan.workload
+    family = "Llama 3" if model_name == "llama3" else model_name
     line = (
-        f"Llama 3 {flavor}, seq {w.seq_len}, global batch {plan.global_batch} samples "
+        f"{family} {flavor}, seq {w.seq_len}, global batch {plan.global_batch} samples "
         f"({plan.global_batch * w.seq_len:,} tokens) per step, "
         f"on {describe_hardware(plan.hardware)}"
     )
+    if w.shape.experts:
+        s = w.shape
+        line += (
+            f"\nparameters: {describe_params(w.model)} ({s.experts} experts, top {s.top_k}, "
+            "in every block); memory counts every expert, compute the active ones"
+        )
     return line + (f"\n{describe_float8(w)}" if w.float8 else "")
+
+
+def describe_all_to_all(c: Candidate) -> str:
+    """What the expert-parallel token exchange of a MoE layout sends, after its label."""
+    if c.layout.ep == 1:
+        return "none (no expert parallelism)"
+    seconds = c.time.parts.get("expert all-to-all", 0.0)
+    return (
+        f"{c.time.all_to_all_bytes / GIB:.2f} GiB per GPU per step (EP{c.layout.ep}, "
+        f"~{seconds * 1e3:.0f} ms exposed)"
+    )
 
 
 def describe_float8(work: Workload) -> str:
@@ -76,7 +95,7 @@ def format_plan(
     explain: bool = False,
     current: Candidate | None = None,
 ) -> str:
-    out = [header(plan, cfg.model.flavor), ""]
+    out = [header(plan, cfg.model.flavor, cfg.model.name), ""]
     n_valid = len(plan.fits) + sum(1 for c in plan.rejected if c.memory)
     out.append(
         f"{len(plan.fits)} of {n_valid} valid layouts fit "
@@ -90,6 +109,8 @@ def format_plan(
             job = planned_config(cfg, c.layout, plan.global_batch)
             out.append(f"{i + 1}: {run_train_command(job, config_file, plan.hardware)}")
         out += ["", "largest parts of #1: " + plan.fits[0].memory.describe(4)]
+        if plan.workload.shape.experts:
+            out.append(f"expert all-to-all of #1: {describe_all_to_all(plan.fits[0])}")
     else:
         out += ["", "nothing fits; the layouts closest to fitting:"]
         closest = sorted((c for c in plan.rejected if c.memory), key=lambda c: c.memory.total)

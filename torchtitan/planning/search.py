@@ -71,20 +71,28 @@ def degree_tuples(world: int) -> list[tuple[int, int, int, int, int]]:
     return out
 
 
-def _structures(world: int, global_batch: int):
-    """Layouts without AC choices: degrees x local batch x pipeline schedule/microbatch."""
+def expert_degrees(experts: int, token_ranks: int) -> list[int]:
+    """Expert parallel degrees to try: divisors of the experts per MoE layer that divide the
+    ranks EP borrows (dp_shard x cp x tp); only 1 for a dense model (experts 0)."""
+    return [ep for ep in _divisors(token_ranks) if experts % ep == 0] if experts else [1]
+
+
+def _structures(world: int, global_batch: int, experts: int = 0):
+    """Layouts without AC choices: degrees (and EP for MoE) x local batch x pipeline
+    schedule/microbatch."""
     for pp, rep, shard, cp, tp in degree_tuples(world):
         dp = rep * shard
         per_rank = global_batch // dp if global_batch % dp == 0 else 0
         locals_ = _divisors(per_rank) if per_rank else [max(1, global_batch // dp)]
-        for local in locals_:
-            base = Layout(rep, shard, cp, tp, pp, local_batch_size=local)
-            if pp == 1:
-                yield base
-                continue
-            for schedule in PP_SCHEDULES:
-                for mb in _divisors(local):
-                    yield dataclasses.replace(base, pp_schedule=schedule, pp_microbatch_size=mb)
+        for ep in expert_degrees(experts, shard * cp * tp):
+            for local in locals_:
+                base = Layout(rep, shard, cp, tp, pp, local_batch_size=local, ep=ep)
+                if pp == 1:
+                    yield base
+                    continue
+                for schedule in PP_SCHEDULES:
+                    for mb in _divisors(local):
+                        yield dataclasses.replace(base, pp_schedule=schedule, pp_microbatch_size=mb)
 
 
 def check_job(job: JobConfig, layout: Layout, world: int, model_args) -> str:
@@ -121,7 +129,7 @@ def search(cfg: JobConfig, work: Workload, hw: Hardware) -> Plan:
     # Every layout keeps the configured global batch, or what the config's own layout runs.
     global_batch = work.global_samples(Layout.from_config(cfg, world))
     plan = Plan(hw, work.with_(global_batch_size=global_batch))
-    for structure in _structures(world, global_batch):
+    for structure in _structures(world, global_batch, work.shape.experts):
         job = planned_config(cfg, structure, global_batch)
         reason = check_job(job, structure, world, work.model)
         if reason:  # whatever the activation checkpointing

@@ -2,6 +2,10 @@
 communication that is not hidden behind it, the pipeline bubble and the optimizer step.
 
 All times are seconds per optimizer step on the slowest pipeline rank.
+
+MoE blocks (moe.py): their matmuls count the active weights (router, shared and top_k routed
+experts), their weights move in their own FSDP groups, and with expert parallelism the token
+exchange ("expert all-to-all") is exposed: the experts wait for their rows.
 """
 
 from __future__ import annotations
@@ -10,11 +14,17 @@ import math
 from dataclasses import dataclass, field
 
 from torchtitan.planning import calibration as cal
+from torchtitan.planning import moe
 from torchtitan.planning.activations import ac_kind
 from torchtitan.planning.float8 import HEAD
 from torchtitan.planning.hardware import Hardware
 from torchtitan.planning.layout import Layout, Workload
-from torchtitan.planning.memory import param_counts, rank_gather_bytes, rank_params
+from torchtitan.planning.memory import (
+    param_counts,
+    rank_gather_bytes,
+    rank_params,
+    stored_params,
+)
 from torchtitan.planning.schedules import RankStages, bubble_fraction, rank_stages
 from torchtitan.planning.shapes import Shapes
 
@@ -25,8 +35,9 @@ class TimeEstimate:
     efficiency: float = 1.0  # calibrated end-to-end factor of the layout
     tokens_per_step: int = 0  # the whole job's
     world_size: int = 1
-    flops_per_token: float = 0.0  # the trainer's formula (for MFU)
+    flops_per_token: float = 0.0  # the trainer's formula (for MFU; active weights for MoE)
     peak_flops: float = 1.0
+    all_to_all_bytes: float = 0.0  # expert parallel: bytes one GPU sends per step
 
     @property
     def step_seconds(self) -> float:
@@ -102,6 +113,10 @@ def _compute_seconds(work: Workload, layout: Layout, hw: Hardware, stages: RankS
     seconds = blocks * _block_matmul_seconds(work, linear_shares, layout, peak)
     attn_eff = cal.attention_efficiency(model.head_dim, work.seq_len / layout.cp)
     seconds += blocks * attn * (3 + attn_share) / (attn_eff * peak)
+    if model.experts:  # the MoE layer runs on the TP sequence shard, bf16 grouped GEMMs
+        kind = ac_kind(layout.ac_mode, layout.save_matmuls)
+        flops = moe.matmul_flops_per_token(model, kind, attn_share) / layout.tp
+        seconds += blocks * flops / (cal.MATMUL_EFFICIENCY * peak)
     if stages.head:
         head_flops = tokens * 6 * model.vocab * model.dim / layout.tp
         head_speed = cal.MATMUL_EFFICIENCY * peak * _float8_speedup(work, HEAD, layout)
@@ -122,11 +137,27 @@ def _ring_seconds(nbytes: float, group: int, gbps: float) -> float:
     return nbytes * (group - 1) / group / (gbps * 1e9 * cal.LINK_EFFICIENCY)
 
 
+def _moe_fsdp_seconds(work: Workload, layout: Layout, hw: Hardware, n_blocks: int) -> tuple:
+    """(one all-gather, one reduce-scatter) of the MoE layers' weights over their groups."""
+    gather = reduce = 0.0
+    grad_bytes = 4 if work.reduce_fp32 else 2
+    if work.shape.experts:
+        for params, group, stride in moe.fsdp_groups(work.shape, layout):
+            bw = hw.link_gbps(group, stride)
+            gather += _ring_seconds(2 * n_blocks * params, group, bw)
+            reduce += _ring_seconds(grad_bytes * n_blocks * params, group, bw)
+    return gather, reduce
+
+
 def _fsdp_seconds(work: Workload, layout: Layout, hw: Hardware, stages: RankStages) -> tuple:
-    """(total, not overlappable) seconds of FSDP/HSDP/DDP traffic per step."""
-    if not layout.data_parallel:
+    """(total, not overlappable) seconds of FSDP/HSDP/DDP traffic per step (the MoE layers' in
+    their own groups, also under TP alone)."""
+    moe_sharded = work.shape.experts and moe.token_ranks(layout) > 1
+    if not (layout.data_parallel or moe_sharded):
         return 0.0, 0.0
-    params = rank_params(work.shape, layout.tp, stages)
+    params = rank_params(work.shape, layout.tp, stages, layout.ep)
+    moe_params = stages.n_blocks * moe.gathered_params(work.shape, layout.ep)
+    moe_gather, moe_reduce = _moe_fsdp_seconds(work, layout, hw, stages.n_blocks)
     n = layout.fsdp_degree
     shard_bw = hw.link_gbps(n, layout.tp)
     grad_bytes = 4 if work.reduce_fp32 else 2
@@ -136,16 +167,17 @@ def _fsdp_seconds(work: Workload, layout: Layout, hw: Hardware, stages: RankStag
         else work.accum_steps(layout) * (1 if work.reshard_policy == "never" else 2)
     )
     reduces = 1 if layout.pp > 1 else work.accum_steps(layout)
-    counts = param_counts(work.shape, layout.tp)
+    counts = param_counts(work.shape, layout.tp, layout.ep)
     lookup = stages.embedding and work.embedding_rows_sharded(layout)
     reduced = params - (counts.embedding if lookup else 0)
-    gather = _ring_seconds(rank_gather_bytes(work, layout, stages), n, shard_bw)
-    reduce = _ring_seconds(grad_bytes * reduced, n, shard_bw)
+    gathered = rank_gather_bytes(work, layout, stages) - 2 * moe_params
+    gather = _ring_seconds(gathered, n, shard_bw) + moe_gather
+    reduce = _ring_seconds(grad_bytes * (reduced - moe_params), n, shard_bw) + moe_reduce
     total = gathers * gather + reduces * reduce
     r = layout.dp_replicate
     if r > 1:
         rep_bw = hw.link_gbps(r, layout.dp_shard * layout.cp * layout.tp)
-        total += 2 * _ring_seconds(grad_bytes * params / n, r, rep_bw)
+        total += 2 * _ring_seconds(grad_bytes * stored_params(work, layout, stages), r, rep_bw)
     # The step's first all-gather and last reduce-scatter have nothing to hide behind.
     largest = max(0 if lookup else counts.embedding, counts.block) / max(reduced, 1)
     edges = largest * (gather + reduce)
@@ -164,6 +196,8 @@ def _tp_cp_pp_seconds(work: Workload, layout: Layout, hw: Hardware, stages: Rank
     seconds = 0.0
     if layout.tp > 1:
         per_block = 8 if layout.ac_mode != "full" else 10  # fwd 2 AG + 2 RS, bwd as many
+        if model.experts:  # the MoE layer is not tensor-parallel: the attention's only
+            per_block //= 2
         size = micro_tokens * model.dim * 2
         count = stages.n_blocks * per_block + 4 * (stages.embedding + stages.head)
         tp_bw = hw.link_gbps(layout.tp, 1)
@@ -196,22 +230,32 @@ def layout_efficiency(layout: Layout) -> float:
     return eff
 
 
+def all_to_all_bytes(work: Workload, layout: Layout, stages: RankStages) -> float:
+    """Bytes the expert-parallel token exchange sends from one rank per step (moe.py)."""
+    return moe.all_to_all_bytes(work, layout, stages, _recomputed_share(work.shape, layout)[1])
+
+
 def _rank_parts(work: Workload, layout: Layout, hw: Hardware, stages: RankStages) -> dict:
     compute = _compute_seconds(work, layout, hw, stages)
     fsdp_total, fsdp_edges = _fsdp_seconds(work, layout, hw, stages)
-    params = rank_params(work.shape, layout.tp, stages)
-    shard = layout.fsdp_degree if layout.data_parallel else 1
     hbm = hw.card.hbm_gbps * 1e9 * cal.HBM_EFFICIENCY
-    return {
+    optimizer_bytes = cal.OPTIMIZER_TRAFFIC_BYTES_PER_PARAM * stored_params(work, layout, stages)
+    parts = {
         "compute": compute,
         "FSDP communication": fsdp_edges + max(0.0, fsdp_total - compute),
         "TP/CP/PP communication": _tp_cp_pp_seconds(work, layout, hw, stages),
-        "optimizer": cal.OPTIMIZER_TRAFFIC_BYTES_PER_PARAM * params / shard / hbm,
+        "optimizer": optimizer_bytes / hbm,
         "per-step overhead": cal.STEP_OVERHEAD_SECONDS,
     }
+    if work.shape.experts:  # ep ranks are consecutive (the MoE mesh's innermost dimension)
+        link = hw.link_gbps(layout.ep, 1) * 1e9 * cal.LINK_EFFICIENCY
+        parts["expert all-to-all"] = all_to_all_bytes(work, layout, stages) / link
+    return parts
 
 
 def estimate_time(work: Workload, layout: Layout, hw: Hardware) -> TimeEstimate:
+    """Step time on ``hw``; an expert parallel degree the trainer refuses raises ConfigError."""
+    moe.check_expert_degree(work.shape, layout)
     ranks = rank_stages(work, layout)
     per_rank = [_rank_parts(work, layout, hw, stages) for stages in ranks]
     parts = max(per_rank, key=lambda p: sum(p.values()))
@@ -231,4 +275,5 @@ def estimate_time(work: Workload, layout: Layout, hw: Hardware) -> TimeEstimate:
         world_size=layout.world_size,
         flops_per_token=work.model.flops_per_token(work.seq_len),
         peak_flops=hw.card.tflops * 1e12,
+        all_to_all_bytes=max(all_to_all_bytes(work, layout, stages) for stages in ranks),
     )
