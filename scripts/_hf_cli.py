@@ -1,15 +1,60 @@
-"""What the two HF conversion scripts share: the output-folder rules and the error handling.
+"""What the two HF conversion scripts share: the model families, the output-folder rules and the
+error handling.
 
-The output is written to ``OUT.tmp`` and renamed when complete; an existing non-empty ``OUT`` is
-never touched. Errors a user can cause are printed as one ``error: ...`` line, exit status 1.
+A family (``HF_FAMILIES``: Llama 3, Qwen3 dense and MoE) brings its flavors and its ``hf``
+package; both packages have the same functions, so the scripts call them alike. The output is
+written to ``OUT.tmp`` and renamed when complete; an existing non-empty ``OUT`` is never touched.
+Errors a user can cause are printed as one ``error: ...`` line, exit status 1.
 """
 
 from __future__ import annotations
 
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from torchtitan.models import llama3, qwen3
+from torchtitan.models.llama3 import hf as llama3_hf
+from torchtitan.models.qwen3 import hf as qwen3_hf
+
+
+@dataclass(frozen=True)
+class HFFamily:
+    name: str  # --model-name, as the trainer's --model.name
+    title: str  # for messages
+    model_types: tuple[str, ...]  # config.json model_type values it reads
+    hf: ModuleType  # torchtitan.models.<family>.hf
+    flavors: Mapping[str, Any]
+    get_model_args: Callable[..., Any]  # (flavor, **overrides) -> validated args
+
+
+HF_FAMILIES = {
+    "llama3": HFFamily(
+        "llama3", "Llama 3", ("llama",), llama3_hf, llama3.MODEL_FLAVORS, llama3.get_model_args
+    ),
+    "qwen3": HFFamily(
+        "qwen3",
+        "Qwen3",
+        ("qwen3", "qwen3_moe"),
+        qwen3_hf,
+        qwen3.MODEL_FLAVORS,
+        qwen3.get_model_args,
+    ),
+}
+
+
+def family_of_hf_config(cfg: dict) -> HFFamily:
+    """The family of an HF config.json, from its ``model_type`` (none: Llama, as before)."""
+    model_type = cfg.get("model_type", "llama")
+    for family in HF_FAMILIES.values():
+        if model_type in family.model_types:
+            return family
+    known = "; ".join(f"{', '.join(f.model_types)} ({f.title})" for f in HF_FAMILIES.values())
+    raise ValueError(f"HF config model_type is '{model_type}'; this script reads {known}")
 
 
 def check_out_dir(out: Path) -> None:

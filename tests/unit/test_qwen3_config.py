@@ -51,7 +51,7 @@ def one_line_error(capsys, monkeypatch, argv, world_size=1) -> str:
         (
             [*QWEN3, "--checkpoint.initial_load_path", "/x", "--checkpoint.initial_load_in_hf"],
             1,
-            "Llama 3 folders",
+            "--checkpoint.initial_load_path /x: no config.json in /x",
         ),
     ],
 )

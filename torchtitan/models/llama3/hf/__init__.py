@@ -26,8 +26,10 @@ from torchtitan.models.llama3.hf.files import (
     hf_tensor_shapes,
     hf_weight_files,
     inspect_hf_checkpoint,
+    open_safetensors,
     read_hf_config,
     read_hf_file,
+    read_hf_files,
 )
 from torchtitan.models.llama3.hf.mapping import (
     check_keys,
@@ -43,6 +45,7 @@ from torchtitan.models.llama3.hf.mapping import (
     permute_to_hf,
     to_hf_state_dict,
     to_hf_tensor,
+    to_hf_tensors,
 )
 from torchtitan.models.llama3.hf.tokenizer import (
     TOKENIZER_CONFIG_FILE,
@@ -77,12 +80,15 @@ __all__ = [
     "llama3_bos_eos",
     "matching_flavors",
     "model_args_from_hf_config",
+    "open_safetensors",
     "our_name",
     "permute_from_hf",
     "permute_to_hf",
     "read_hf_config",
     "read_hf_file",
+    "read_hf_files",
     "to_hf_state_dict",
     "to_hf_tensor",
+    "to_hf_tensors",
     "write_hf_tokenizer",
 ]

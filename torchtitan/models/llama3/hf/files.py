@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -64,7 +65,8 @@ def hf_weight_files(hf_dir: str | Path) -> list[Path]:
     return files
 
 
-def _safe_open(path: Path):
+def open_safetensors(path: Path):
+    """``safe_open`` of one file (pt), with one-line ValueErrors."""
     try:
         from safetensors import safe_open
     except ImportError:
@@ -81,7 +83,7 @@ def hf_tensor_shapes(files: list[Path]) -> dict[str, tuple[tuple[int, ...], Path
     """HF name -> (shape, file), from the safetensors headers only (no tensor data is read)."""
     out = {}
     for path in files:
-        with _safe_open(path) as f:
+        with open_safetensors(path) as f:
             for key in f.keys():
                 if key in out:
                     raise ValueError(f"{key} appears in both {out[key][1].name} and {path.name}")
@@ -95,7 +97,7 @@ class HFCheckpoint:
 
     path: Path
     config: dict
-    args: ModelArgs  # from config.json
+    args: ModelArgs  # from config.json (another family's args for its folders, e.g. Qwen3Args)
     files: list[Path]
     tie_word_embeddings: bool
 
@@ -131,7 +133,7 @@ def read_hf_file(
     """
     expected = expected_shapes(args)
     sd = {}
-    with _safe_open(path) as f:
+    with open_safetensors(path) as f:
         for key in f.keys():
             if is_ignored_hf_key(key):
                 continue
@@ -147,3 +149,11 @@ def read_hf_file(
     if tie_word_embeddings and "tok_embeddings.weight" in sd:
         sd.setdefault("output.weight", sd["tok_embeddings.weight"].clone())
     return sd
+
+
+def read_hf_files(
+    ckpt: HFCheckpoint, args: ModelArgs, dtype: torch.dtype | None = None
+) -> Iterator[dict[str, torch.Tensor]]:
+    """``read_hf_file`` of each of the checkpoint's files in turn: one state dict per file."""
+    for path in ckpt.files:
+        yield read_hf_file(path, args, ckpt.tie_word_embeddings, dtype)

@@ -144,6 +144,12 @@ def to_hf_tensor(name: str, tensor: torch.Tensor, args: ModelArgs) -> tuple[str,
     return hf_name(name), tensor if heads is None else permute_to_hf(tensor, heads)
 
 
+def to_hf_tensors(name: str, tensor: torch.Tensor, args: ModelArgs) -> dict[str, torch.Tensor]:
+    """``to_hf_tensor`` as {HF name: tensor}, the form every family's ``hf`` package shares
+    (a Qwen3-MoE tensor may become several HF tensors, or none)."""
+    return dict([to_hf_tensor(name, tensor, args)])
+
+
 def from_hf_tensor(name: str, tensor: torch.Tensor, args: ModelArgs) -> tuple[str, torch.Tensor]:
     """One HF parameter -> (our name, our tensor)."""
     ours = our_name(name)

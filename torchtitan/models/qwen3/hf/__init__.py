@@ -1,12 +1,22 @@
 """Hugging Face interoperability for the Qwen3 model, without any process group:
 
 * ``mapping``: tensor names and the per-expert split (state dicts both ways);
-* ``config``: config.json <-> ``Qwen3Args``.
+* ``config``: config.json <-> ``Qwen3Args``;
+* ``files``: an HF folder's config.json and safetensors files, read and checked (the folder
+  format is Llama's, ``torchtitan.models.llama3.hf.files``; the file constants are re-exported).
 
-Reading and writing HF folders (config.json, safetensors) is the same as for Llama 3:
-``torchtitan.models.llama3.hf.files``.
+The functions the scripts and ``torchtitan.checkpoint.hf_load`` call have the names and
+signatures of ``torchtitan.models.llama3.hf``'s, so either family's package serves.
 """
 
+from torchtitan.models.llama3.hf.files import (
+    CONFIG_FILE,
+    GENERATION_CONFIG_FILE,
+    SAFETENSORS_FILE,
+    SAFETENSORS_INDEX_FILE,
+    HFCheckpoint,
+    read_hf_config,
+)
 from torchtitan.models.qwen3.hf.config import (
     QWEN3_BOS_EOS,
     check_compatible,
@@ -14,35 +24,52 @@ from torchtitan.models.qwen3.hf.config import (
     matching_flavors,
     model_args_from_hf_config,
 )
+from torchtitan.models.qwen3.hf.files import inspect_hf_checkpoint, read_hf_files
 from torchtitan.models.qwen3.hf.mapping import (
     EXPERT_BIAS,
     check_keys,
     check_shapes,
     expected_hf_names,
+    expected_hf_shapes,
     expected_shapes,
+    few_names,
     from_hf_state_dict,
     hf_expert_name,
+    hf_expert_source,
     hf_name,
     is_ignored_hf_key,
     our_name,
     to_hf_state_dict,
+    to_hf_tensors,
 )
 
 __all__ = [
+    "CONFIG_FILE",
     "EXPERT_BIAS",
+    "GENERATION_CONFIG_FILE",
     "QWEN3_BOS_EOS",
+    "SAFETENSORS_FILE",
+    "SAFETENSORS_INDEX_FILE",
+    "HFCheckpoint",
     "check_compatible",
     "check_keys",
     "check_shapes",
     "expected_hf_names",
+    "expected_hf_shapes",
     "expected_shapes",
+    "few_names",
     "from_hf_state_dict",
     "hf_config_dict",
     "hf_expert_name",
+    "hf_expert_source",
     "hf_name",
+    "inspect_hf_checkpoint",
     "is_ignored_hf_key",
     "matching_flavors",
     "model_args_from_hf_config",
     "our_name",
+    "read_hf_config",
+    "read_hf_files",
     "to_hf_state_dict",
+    "to_hf_tensors",
 ]

@@ -119,7 +119,8 @@ def _moe_args(cfg: dict) -> MoEArgs | None:
     if cfg.get("model_type") != "qwen3_moe":
         return None
     return MoEArgs(
-        num_experts=_require(cfg, "num_experts"),
+        # transformers 5 writes num_experts as num_local_experts (its attribute_map)
+        num_experts=cfg.get("num_experts") or _require(cfg, "num_local_experts"),
         top_k=_require(cfg, "num_experts_per_tok"),
         hidden_dim=_require(cfg, "moe_intermediate_size"),
         score_func="softmax",
@@ -166,8 +167,18 @@ def _signature(args: Qwen3Args) -> dict:
     return sig
 
 
+def _kind(args: Qwen3Args) -> str:
+    return "a dense Qwen3 model" if args.moe is None else "a Qwen3-MoE model"
+
+
 def check_compatible(hf_args: Qwen3Args, args: Qwen3Args, what: str = "the model") -> None:
     """One-line ValueError unless the two describe the same shapes and function."""
+    if (hf_args.moe is None) != (args.moe is None):
+        model_type = "qwen3" if hf_args.moe is None else "qwen3_moe"
+        raise ValueError(
+            f"HF config describes {_kind(hf_args)} (model_type {model_type}), but {what} is "
+            f"{_kind(args)}"
+        )
     a, b = _signature(hf_args), _signature(args)
     diffs = [
         f"{k} {a.get(k)} vs {b.get(k)}" for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)

@@ -97,23 +97,35 @@ def few_names(names: Iterable[str], n: int = 3) -> str:
     return ", ".join(names[:n]) + more
 
 
-def check_keys(present: Iterable[str], expected: Iterable[str], what: str) -> None:
-    """One-line ValueError for missing or unexpected keys."""
+def check_keys(
+    present: Iterable[str], expected: Iterable[str], what: str, strict: bool = True
+) -> None:
+    """One-line ValueError for missing keys (always) or unexpected keys (when strict)."""
     present, expected = set(present), set(expected)
     if missing := expected - present:
         raise ValueError(f"{what} is missing {len(missing)} key(s): {few_names(missing)}")
-    if unexpected := present - expected:
+    if strict and (unexpected := present - expected):
         raise ValueError(f"{what} has {len(unexpected)} unexpected key(s): {few_names(unexpected)}")
 
 
-def check_shapes(sd: dict[str, torch.Tensor], args: Qwen3Args, what: str) -> None:
-    """sd is keyed by our names."""
-    expected = expected_shapes(args)
-    for name, t in sd.items():
-        if name in expected and tuple(t.shape) != expected[name]:
+def check_shapes(
+    shapes: dict[str, tuple[int, ...]],
+    args: Qwen3Args,
+    what: str,
+    expected: dict[str, tuple[int, ...]] | None = None,
+) -> None:
+    """shapes are keyed by our names (or by the names of ``expected``, default
+    ``expected_shapes(args)``); names not expected are not checked."""
+    expected = expected_shapes(args) if expected is None else expected
+    for name, shape in shapes.items():
+        if name in expected and tuple(shape) != expected[name]:
             raise ValueError(
-                f"{what}: {name} has shape {tuple(t.shape)}, the model expects {expected[name]}"
+                f"{what}: {name} has shape {tuple(shape)}, the model expects {expected[name]}"
             )
+
+
+def _shapes(sd: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in sd.items()}
 
 
 def _split_layer(name: str, prefix: str) -> tuple[str, str] | None:
@@ -152,6 +164,19 @@ def hf_expert_name(layer: int | str, expert: int, ours: str) -> str:
     return f"model.layers.{layer}.mlp.experts.{expert}.{_EXPERTS[ours]}.weight"
 
 
+def hf_expert_source(name: str, args: Qwen3Args) -> tuple[str, int] | None:
+    """HF's name of one expert's matrix -> (our stacked tensor, expert index), else None
+    (``model.layers.3.mlp.experts.5.up_proj.weight`` -> ``("layers.3.moe.experts.w3", 5)``)."""
+    split = _split_layer(name, "model.layers.")
+    if args.moe is None or split is None or not split[1].startswith("mlp.experts."):
+        return None
+    expert, _, proj = split[1][len("mlp.experts.") :].partition(".")
+    ours = {f"{v}.weight": k for k, v in _EXPERTS.items()}.get(proj)
+    if not expert.isdigit() or int(expert) >= args.moe.num_experts or ours is None:
+        return None
+    return f"layers.{split[0]}.{ours}", int(expert)
+
+
 def _unstack_experts(name: str, t: torch.Tensor) -> dict[str, torch.Tensor]:
     layer, rest = _split_layer(name, "layers.")
     return {hf_expert_name(layer, e, rest): w for e, w in enumerate(t.unbind(0))}
@@ -167,22 +192,27 @@ def _warn_on_bias(name: str, bias: torch.Tensor) -> None:
         )
 
 
+def to_hf_tensors(name: str, t: torch.Tensor, args: Qwen3Args) -> dict[str, torch.Tensor]:
+    """One tensor of our state dict -> the HF checkpoint tensors it becomes: one, one per expert
+    (stacked experts), or none (the expert bias, and a tied head: HF ties lm_head itself)."""
+    if name.endswith(EXPERT_BIAS) or (name == "output.weight" and args.tie_embeddings):
+        return {}
+    if name.split(".", 2)[-1] in _EXPERTS:
+        return _unstack_experts(name, t)
+    return {hf_name(name, args): t}
+
+
 def to_hf_state_dict(sd: dict[str, torch.Tensor], args: Qwen3Args) -> dict[str, torch.Tensor]:
     """Our full (unsharded) state dict -> HF checkpoint tensors (``save_pretrained`` names)."""
     if args.moe is not None and args.moe.num_shared_experts:
         raise ValueError("Hugging Face's Qwen3-MoE has no shared experts; cannot export")
     check_keys(sd, expected_shapes(args), "state dict")
-    check_shapes(sd, args, "state dict")
+    check_shapes(_shapes(sd), args, "state dict")
     out = {}
     for name, t in sd.items():
-        if name == "output.weight" and args.tie_embeddings:
-            continue  # HF ties lm_head to embed_tokens itself
         if name.endswith(EXPERT_BIAS):
             _warn_on_bias(name, t)
-        elif name.split(".", 2)[-1] in _EXPERTS:
-            out |= _unstack_experts(name, t)
-        else:
-            out[hf_name(name, args)] = t
+        out |= to_hf_tensors(name, t, args)
     return out
 
 
@@ -191,18 +221,25 @@ def is_ignored_hf_key(name: str) -> bool:
     return name.endswith(_IGNORED_HF_SUFFIXES)
 
 
-def expected_hf_names(args: Qwen3Args) -> set[str]:
-    """Every tensor name of an HF checkpoint of this shape (no lm_head when tied)."""
-    names = set()
-    for name in expected_shapes(args):
+def expected_hf_shapes(args: Qwen3Args) -> dict[str, tuple[int, ...]]:
+    """HF name -> shape of every tensor of an HF checkpoint of this shape (no lm_head when
+    tied)."""
+    shapes = {}
+    for name, shape in expected_shapes(args).items():
         if name.endswith(EXPERT_BIAS) or (name == "output.weight" and args.tie_embeddings):
             continue
         if name.split(".", 2)[-1] in _EXPERTS:
             layer, rest = _split_layer(name, "layers.")
-            names |= {hf_expert_name(layer, e, rest) for e in range(args.moe.num_experts)}
+            experts = range(args.moe.num_experts)
+            shapes |= {hf_expert_name(layer, e, rest): shape[1:] for e in experts}
         else:
-            names.add(hf_name(name, args))
-    return names
+            shapes[hf_name(name, args)] = shape
+    return shapes
+
+
+def expected_hf_names(args: Qwen3Args) -> set[str]:
+    """Every tensor name of an HF checkpoint of this shape (no lm_head when tied)."""
+    return set(expected_hf_shapes(args))
 
 
 def _stacked_experts(hf_sd: dict[str, torch.Tensor], args: Qwen3Args) -> dict[str, torch.Tensor]:
@@ -229,5 +266,5 @@ def from_hf_state_dict(hf_sd: dict[str, torch.Tensor], args: Qwen3Args) -> dict[
             sd[our_name(name, args)] = t
     if args.tie_embeddings:
         sd["output.weight"] = sd["tok_embeddings.weight"]
-    check_shapes(sd, args, "HF state dict")
+    check_shapes(_shapes(sd), args, "HF state dict")
     return sd
