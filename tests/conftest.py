@@ -15,6 +15,11 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # interpreter importing torch) costs more than it saves: a 4-rank compile parity test took 72.5 s
 # instead of 78 s with one.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+# One OpenMP thread per process: pytest-xdist runs two test processes on CI's two cores, and
+# each would otherwise start an OpenMP pool as wide as the machine for every op, as would the
+# trainers the tests start. Oversubscribed, a set of unit tests that start trainers ran 2.8x
+# slower on the 2-core machine. (Read when torch loads OpenMP; torch is not imported yet.)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(autouse=True)

@@ -58,20 +58,16 @@ LAYOUTS = {
             "--activation_checkpoint.mode=full",
         ],
     ),
-    "fsdp4": (4, ["--training.local_batch_size=2"]),
-    "hsdp2x2": (
-        4,
-        ["--training.local_batch_size=2", "--parallelism.data_parallel_replicate_degree=2"],
-    ),
-    "fsdp2_tp2": (
-        4,
-        ["--training.local_batch_size=4", "--parallelism.tensor_parallel_degree=2"],
-    ),
     # The experimental row-sharded embedding: looked up where its vocabulary rows live instead
-    # of all-gathered by FSDP.
-    "fsdp2_sharded_embedding": (
+    # of all-gathered by FSDP. With the fused AdamW, whose found_inf input carries the
+    # non-finite check without a per-step sync.
+    "fsdp2_sharded_embedding_fused_adamw": (
         2,
-        ["--training.local_batch_size=4", "--experimental.fsdp_sharded_embedding=true"],
+        [
+            "--training.local_batch_size=4",
+            "--experimental.fsdp_sharded_embedding=true",
+            "--optimizer.implementation=fused",
+        ],
     ),
     # The 8-rank meshes of the 8-GPU runs (issue #8), on CPU.
     "fsdp8": (8, ["--training.local_batch_size=1"]),
@@ -86,12 +82,6 @@ LAYOUTS = {
             "--parallelism.context_parallel_degree=2",
             "--parallelism.tensor_parallel_degree=2",
         ],
-    ),
-    # The fused AdamW, whose found_inf input carries the non-finite check without a per-step
-    # sync.
-    "fsdp2_fused_adamw": (
-        2,
-        ["--training.local_batch_size=4", "--optimizer.implementation=fused"],
     ),
     # CP's ring attention compiled, with its K/V exchanges reordered for overlap (the default).
     "fsdp2_cp2_compile_selective_op": (

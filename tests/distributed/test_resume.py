@@ -1,8 +1,9 @@
 """Resume under a different parallel layout: model, optimizer and the data stream reshard.
 
 One uninterrupted FSDP4 run saves step 5 (and 10). Copies of its step-5 checkpoint are resumed
-under FSDP2xTP2, PP2xFSDP2, FSDP2 (a data-parallel degree change, same global batch) and
-FSDP2xCP2; an FSDP8 step-5 checkpoint resumes under PP2xFSDP2xTP2. Steps 6-10 must reproduce
+under PP2xFSDP2, FSDP2 (a data-parallel degree change, same global batch) and FSDP2xCP2; an
+FSDP8 step-5 checkpoint resumes under PP2xFSDP2xTP2 (FSDP4 -> FSDP2xTP2 with the optimizer,
+lr and next batch compared in full: test_checkpoint_dist.py). Steps 6-10 must reproduce
 the uninterrupted losses within the parity tolerance, and the global data stream must have
 handed out exactly 8 samples per step: none skipped, none repeated.
 """
@@ -22,7 +23,6 @@ JOB = [
 ]
 
 RESUME_LAYOUTS = {
-    "fsdp2_tp2": (4, ["--training.local_batch_size=4", "--parallelism.tensor_parallel_degree=2"]),
     "pp2_fsdp2": (
         4,
         [
