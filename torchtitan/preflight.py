@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from torchtitan.checkpoint import check_loadable, complete_steps
+from torchtitan.checkpoint.hf_load import inspect_hf_checkpoint
 from torchtitan.checkpoint.space import (
     SpacePlan,
     checkpoint_bytes,
@@ -67,10 +68,7 @@ def check_checkpoint(cfg: JobConfig, model_args: ModelArgs, world_size: int) -> 
     if c.initial_load_in_hf and not c.initial_load_path:
         raise ConfigError("--checkpoint.initial_load_in_hf needs --checkpoint.initial_load_path")
     if c.initial_load_path and c.initial_load_in_hf:
-        # The family's own folder check (Llama 3, or Qwen3 dense / MoE) from model_args' type.
-        from torchtitan.checkpoint.hf_load import inspect_hf_checkpoint
-
-        try:
+        try:  # the family's own folder check (Llama 3, or Qwen3 dense / MoE)
             inspect_hf_checkpoint(c.initial_load_path, model_args)
         except ValueError as e:
             raise ConfigError(
