@@ -53,6 +53,7 @@ _EXPERTS = {
     "moe.experts.w2": "down_proj",
     "moe.experts.w3": "up_proj",
 }
+_EXPERTS_BY_HF_WEIGHT = {f"{hf}.weight": ours for ours, hf in _EXPERTS.items()}
 EXPERT_BIAS = "moe.router.expert_bias"
 
 
@@ -171,7 +172,7 @@ def hf_expert_source(name: str, args: Qwen3Args) -> tuple[str, int] | None:
     if args.moe is None or split is None or not split[1].startswith("mlp.experts."):
         return None
     expert, _, proj = split[1][len("mlp.experts.") :].partition(".")
-    ours = {f"{v}.weight": k for k, v in _EXPERTS.items()}.get(proj)
+    ours = _EXPERTS_BY_HF_WEIGHT.get(proj)
     if not expert.isdigit() or int(expert) >= args.moe.num_experts or ours is None:
         return None
     return f"layers.{split[0]}.{ours}", int(expert)
@@ -224,16 +225,11 @@ def is_ignored_hf_key(name: str) -> bool:
 def expected_hf_shapes(args: Qwen3Args) -> dict[str, tuple[int, ...]]:
     """HF name -> shape of every tensor of an HF checkpoint of this shape (no lm_head when
     tied)."""
+    # What to_hf_tensors makes of each parameter, on shape-only (meta) tensors.
     shapes = {}
     for name, shape in expected_shapes(args).items():
-        if name.endswith(EXPERT_BIAS) or (name == "output.weight" and args.tie_embeddings):
-            continue
-        if name.split(".", 2)[-1] in _EXPERTS:
-            layer, rest = _split_layer(name, "layers.")
-            experts = range(args.moe.num_experts)
-            shapes |= {hf_expert_name(layer, e, rest): shape[1:] for e in experts}
-        else:
-            shapes[hf_name(name, args)] = shape
+        hf = to_hf_tensors(name, torch.empty(shape, device="meta"), args)
+        shapes |= {key: tuple(t.shape) for key, t in hf.items()}
     return shapes
 
 
