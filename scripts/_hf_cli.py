@@ -1,8 +1,8 @@
 """What the two HF conversion scripts share: the model families, the output-folder rules and the
 error handling.
 
-A family (``HF_FAMILIES``: Llama 3, Qwen3 dense and MoE) brings its flavors and its ``hf``
-package; both packages have the same functions, so the scripts call them alike. The output is
+A family (``HF_FAMILIES``: Llama 3, Qwen3 dense and MoE, DeepSeek-V3) brings its flavors and its
+``hf`` package; the packages have the same functions, so the scripts call them alike. The output is
 written to ``OUT.tmp`` and renamed when complete; an existing non-empty ``OUT`` is never touched.
 Errors a user can cause are printed as one ``error: ...`` line, exit status 1.
 """
@@ -17,7 +17,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from torchtitan.models import llama3, qwen3
+from torchtitan.models import deepseek_v3, llama3, qwen3
+from torchtitan.models.deepseek_v3 import hf as deepseek_v3_hf
 from torchtitan.models.llama3 import hf as llama3_hf
 from torchtitan.models.qwen3 import hf as qwen3_hf
 
@@ -43,6 +44,14 @@ HF_FAMILIES = {
         qwen3_hf,
         qwen3.MODEL_FLAVORS,
         qwen3.get_model_args,
+    ),
+    "deepseek_v3": HFFamily(
+        "deepseek_v3",
+        "DeepSeek-V3",
+        ("deepseek_v3",),
+        deepseek_v3_hf,
+        deepseek_v3.MODEL_FLAVORS,
+        deepseek_v3.get_model_args,
     ),
 }
 

@@ -101,7 +101,10 @@ def stored_tied(ckpt: Path, tensors: dict) -> bool:
 
 
 def stored_family(shapes: dict) -> str:
-    """The family whose tensors the checkpoint holds: Qwen3 normalizes queries and keys."""
+    """The family whose tensors the checkpoint holds: DeepSeek-V3 normalizes its KV latent,
+    Qwen3 its queries and keys."""
+    if any(k.endswith("attention.kv_norm.weight") for k in shapes):
+        return "deepseek_v3"
     return "qwen3" if any(k.endswith("attention.q_norm.weight") for k in shapes) else "llama3"
 
 

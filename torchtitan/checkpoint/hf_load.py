@@ -1,5 +1,5 @@
-"""Loading a Hugging Face checkpoint (safetensors) of a Llama 3 or Qwen3 (dense or MoE) model
-into a model in any parallel layout."""
+"""Loading a Hugging Face checkpoint (safetensors) of a Llama 3, Qwen3 (dense or MoE) or
+DeepSeek-V3 model into a model in any parallel layout."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from torchtitan.checkpoint.consensus import Consensus
+from torchtitan.models.deepseek_v3 import DeepSeekV3Args
+from torchtitan.models.deepseek_v3 import hf as deepseek_v3_hf
 from torchtitan.models.llama3 import ModelArgs
 from torchtitan.models.llama3 import hf as llama3_hf
 from torchtitan.models.llama3.hf import HFCheckpoint
@@ -27,7 +29,9 @@ logger = logging.getLogger("torchtitan")
 
 def hf_package(args: ModelArgs | Qwen3Args) -> ModuleType:
     """The ``hf`` package of ``args``' model family (``torchtitan.models.qwen3.hf`` for Qwen3,
-    dense or MoE; ``torchtitan.models.llama3.hf`` for Llama 3). Both have the same functions."""
+    dense or MoE; ``deepseek_v3.hf``, ``llama3.hf``). They have the same functions."""
+    if isinstance(args, DeepSeekV3Args):
+        return deepseek_v3_hf
     return qwen3_hf if isinstance(args, Qwen3Args) else llama3_hf
 
 

@@ -16,7 +16,7 @@ ASSETS = Path(__file__).resolve().parents[1] / "assets"
 
 # --------------------------------------------------------------------------- allowed values
 
-ModelName = Literal["llama3", "qwen3"]
+ModelName = Literal["llama3", "qwen3", "deepseek_v3"]
 OptimizerName = Literal["AdamW", "Adam"]
 OptimizerImplementation = Literal["auto", "fused", "foreach", "for-loop"]
 DecayType = Literal["linear", "cosine", "none"]

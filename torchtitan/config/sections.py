@@ -39,7 +39,8 @@ class Model(Section):
     flavor: str = opt(
         "debugmodel",
         "model size; llama3: debugmodel, 1B, 3B, 8B, 70B, 405B; qwen3: debugmodel, "
-        "debugmodel_moe, 0.6B ... 32B, 30B-A3B, 235B-A22B",
+        "debugmodel_moe, 0.6B ... 32B, 30B-A3B, 235B-A22B; deepseek_v3: debugmodel, 16B, "
+        "16B-4L, 236B, 671B",
     )
     tokenizer_path: str = opt(
         str(ASSETS / "tokenizer.model"),

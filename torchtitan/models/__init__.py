@@ -3,10 +3,11 @@ needs to parallelize it (a ``ModelFamily``); ``family_of`` finds a family by its
 ``--model.name``."""
 
 from torchtitan.models.common import ModelFamily
+from torchtitan.models.deepseek_v3.parallelize import DEEPSEEK_V3
 from torchtitan.models.llama3.parallelize import LLAMA3
 from torchtitan.models.qwen3.parallelize import QWEN3
 
-FAMILIES: dict[str, ModelFamily] = {family.name: family for family in (LLAMA3, QWEN3)}
+FAMILIES: dict[str, ModelFamily] = {family.name: family for family in (LLAMA3, QWEN3, DEEPSEEK_V3)}
 
 
 def family_of(name: str) -> ModelFamily:

@@ -40,6 +40,11 @@ class MoEArgs:
     score_func: str = "softmax"
     normalize_scores: bool = True  # renormalise the chosen top-k weights to sum to 1
     route_scale: float = 1.0  # multiplies the routing weights
+    # Group-limited routing (DeepSeek): experts split into num_groups equal groups, each token
+    # chooses among the experts of its top_groups groups only (a group scores the sum of its two
+    # best experts). 1 group: plain top-k.
+    num_groups: int = 1
+    top_groups: int = 1
     # Auxiliary-loss-free balancing: a per-expert bias added to the scores for selection only.
     balance_bias: bool = True
     bias_update_rate: float = 1e-3
@@ -65,6 +70,23 @@ class MoEArgs:
         for name in ("bias_update_rate", "aux_loss_coeff"):
             if getattr(self, name) < 0:
                 raise ValueError(f"moe {name} must be >= 0, got {getattr(self, name)}")
+        if self.num_groups > 1:
+            self._validate_groups()
+
+    def _validate_groups(self) -> None:
+        groups, top = self.num_groups, self.top_groups
+        if self.num_experts % groups or self.num_experts // groups < 2:
+            raise ValueError(
+                f"moe num_groups {groups} must divide num_experts {self.num_experts} into groups "
+                "of at least 2 experts"
+            )
+        if not 1 <= top <= groups:
+            raise ValueError(f"moe top_groups must be in [1, num_groups={groups}], got {top}")
+        if self.top_k > top * (self.num_experts // groups):
+            raise ValueError(
+                f"moe top_k {self.top_k} exceeds the experts of top_groups {top} groups "
+                f"({top * (self.num_experts // groups)})"
+            )
 
     def params(self, dim: int) -> tuple[int, int]:
         """(total, active per token) parameters of one layer, router gate and shared experts

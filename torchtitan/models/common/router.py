@@ -61,6 +61,16 @@ def _recomputing() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
+def _limit_to_top_groups(select: torch.Tensor, num_groups: int, top_groups: int) -> torch.Tensor:
+    """``select`` (N, E) with every expert outside each token's ``top_groups`` best groups set
+    to -inf; a group's score is the sum of its two highest selection scores."""
+    grouped = select.unflatten(-1, (num_groups, -1))
+    group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+    kept = torch.topk(group_scores, top_groups, dim=-1).indices
+    keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(-1, kept, True)
+    return grouped.masked_fill(~keep[..., None], float("-inf")).flatten(-2)
+
+
 class Router(nn.Module):
     """Scores every expert for every token and picks the top-k.
 
@@ -87,6 +97,8 @@ class Router(nn.Module):
             scores = torch.sigmoid(logits)
         # The bias only steers selection; the weights are read from the unbiased scores.
         select = scores + self.expert_bias if a.balance_bias else scores
+        if a.num_groups > 1:
+            select = _limit_to_top_groups(select, a.num_groups, a.top_groups)
         experts = torch.topk(select, a.top_k, dim=-1).indices
         weights = scores.gather(-1, experts)
         if a.normalize_scores:
