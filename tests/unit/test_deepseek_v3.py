@@ -170,3 +170,14 @@ def test_context_parallel_is_refused_in_one_line():
     dims = type("Dims", (), {"cp": 2})()
     reason = family_of("deepseek_v3").unsupported(get_model_args("debugmodel"), dims)
     assert "context parallel" in reason and "\n" not in reason
+
+
+def test_planner_counts_latent_attention_and_experts():
+    from torchtitan.planning.shapes import shapes
+
+    args = MODEL_FLAVORS["16B"]
+    s = shapes(args)
+    assert set(s.linears) == {"wq", "wkv_a", "wkv_b", "wo"}
+    assert s.block_params - 2 * args.dim + args.kv_lora_rank == args.attention_params()
+    assert (s.experts, s.top_k, s.shared_ffn) == (64, 6, 2 * 1408)
+    assert set(shapes(MODEL_FLAVORS["671B"]).linears) == {"wq_a", "wq", "wkv_a", "wkv_b", "wo"}

@@ -25,6 +25,9 @@ class Shapes:
     top_k: int = 0
     expert_ffn: int = 0
     shared_ffn: int = 0
+    # Attention projections other than GQA's wq/wk/wv/wo, as (name, in, out): multi-head latent
+    # attention's latent and up-projections. Empty: GQA's, from q and kv.
+    attention: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def linear_features(self) -> dict[str, tuple[int, int]]:
@@ -32,6 +35,8 @@ class Shapes:
         dense block), by name: a MoE block has only the attention's (see ``moe_params``)."""
         d, q, kv, f = self.dim, self.q, self.kv, self.ffn
         attention = {"wq": (d, q), "wk": (d, kv), "wv": (d, kv), "wo": (q, d)}
+        if self.attention:
+            attention = {name: (k, n) for name, k, n in self.attention}
         if self.experts:
             return attention
         return {**attention, "w1": (d, f), "w2": (f, d), "w3": (d, f)}
@@ -77,6 +82,8 @@ def shapes(model: ModelArgs | Shapes) -> Shapes:
     planner's estimates of it are)."""
     if isinstance(model, Shapes):
         return model
+    if hasattr(model, "attention_linears"):
+        return _latent_attention_shapes(model)
     moe = getattr(model, "moe", None)
     routing = (
         (moe.num_experts, moe.top_k, moe.hidden_dim, moe.num_shared_experts * moe.hidden_dim)
@@ -111,4 +118,28 @@ def _shapes(dim, n_layers, n_heads, kv_heads, head_dim, ffn, vocab, routing) -> 
         top_k=top_k,
         expert_ffn=expert_ffn,
         shared_ffn=shared_ffn,
+    )
+
+
+def _latent_attention_shapes(model) -> Shapes:
+    """A DeepSeek-V3 shape: its MLA projections as they are; for the activations, queries and
+    keys qk_head_dim wide per head and values v_head_dim (``kv`` their mean, as k and v each count
+    it once); the latents (kv_lora_rank + qk_rope_head_dim, q_lora_rank wide per token) are not
+    counted. Its few dense blocks are counted as MoE blocks (more weights: an overestimate)."""
+    moe, h = model.moe, model.n_heads
+    linears = tuple((name, k, n) for name, (k, n) in model.attention_linears().items())
+    return Shapes(
+        dim=model.dim,
+        n_layers=model.n_layers,
+        heads=h,
+        head_dim=model.qk_head_dim,
+        q=h * model.qk_head_dim,
+        kv=h * (model.qk_head_dim + model.v_head_dim) // 2,
+        ffn=0,
+        vocab=model.vocab_size,
+        experts=moe.num_experts,
+        top_k=moe.top_k,
+        expert_ffn=moe.hidden_dim,
+        shared_ffn=moe.num_shared_experts * moe.hidden_dim,
+        attention=linears,
     )
