@@ -162,6 +162,8 @@ class MetricsLogger:
             parts.append(f"moe max/mean {m['moe_load_imbalance']:.2f} (layer {layer})")
         if "moe_aux_loss" in m:
             parts.append(f"aux {m['moe_aux_loss']:.4f}")
+        if "document_length" in m:
+            parts.append(f"doc_len {m['document_length']:,.0f}")
         parts.append(f"data {m['data_loading_pct']:.1f}%")
         parts.append(f"eta {format_duration((self.total_steps - step) * m['step_seconds'])}")
         return "  ".join(parts)

@@ -35,6 +35,7 @@ from torchtitan.data.tokenizer import JsonTokenizer, Tokenizer, TokenizerError, 
 from torchtitan.float8.convert import check_float8
 from torchtitan.kernels.inplace_loss import in_place_problem
 from torchtitan.models import model_args_from_config
+from torchtitan.models.common.attention import attention_problem
 from torchtitan.models.llama3 import ModelArgs
 from torchtitan.optim import check_optimizer
 from torchtitan.parallel.checks import check_parallelism, gradient_accumulation_steps
@@ -165,6 +166,13 @@ def check_job(cfg: JobConfig, world_size: int) -> CheckedJob:
     for reason in (
         in_place_problem(cfg.training.logits_loss, torch.cuda.is_available()),
         experimental_problem(cfg, dims),
+        attention_problem(
+            model_args.attention,
+            cfg.training.seq_len,
+            dims.cp,
+            torch.cuda.is_available(),
+            cfg.training.mixed_precision_param,
+        ),
     ):
         if reason:
             raise ConfigError(reason)

@@ -14,11 +14,12 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from torchtitan import exits, runtime
+from torchtitan.batch_inputs import BatchInputs, documents_in
 from torchtitan.checkpoint import CheckpointManager, TrainState
 from torchtitan.checkpoint.hf_load import load_hf_weights
 from torchtitan.checkpoint.resume_changes import run_settings
 from torchtitan.config import JobConfig, parse_args
-from torchtitan.data.loader import build_dataloader
+from torchtitan.data.loader import Batch, build_dataloader
 from torchtitan.float8 import plain_weights, precompute_float8_scales
 from torchtitan.loss import build_summed_loss, loss_context, per_step_loss
 from torchtitan.metrics import MetricsLogger, StepStats
@@ -29,7 +30,6 @@ from torchtitan.observability.fault_injection import FaultInjector
 from torchtitan.observability.numerics import NonFiniteGuard
 from torchtitan.observability.profiling import maybe_profile
 from torchtitan.optim import build_lr_scheduler, build_optimizer, clip_grad_norm
-from torchtitan.parallel.context_parallel import cp_context
 from torchtitan.parallel.pipeline import microbatch_count
 from torchtitan.parallel.tensor_parallel import plain_loss
 from torchtitan.validate import ForwardPieces, Validator
@@ -61,7 +61,14 @@ class Trainer:
             cfg, self.model_args, self.dims, self.device, self.step_loss
         )
         self.balance = self._build_expert_balance()
+        self.batch_inputs = BatchInputs(
+            self.model_args.attention,
+            self.dims,
+            self.model_parts,
+            cfg.parallelism.context_parallel_rotate_method,
+        )
         self.dataloader = self._build_dataloader()
+        self._documents = 0  # documents (pieces in a sample) this rank read in the step
         # One optimizer (and lr schedule) per model part: a pipeline rank may hold several stages.
         self.optimizers = [
             build_optimizer(
@@ -93,6 +100,8 @@ class Trainer:
             dp_world_size=self.dims.dp_degree,
             text_field=t.text_field,
             num_workers=t.data_workers,
+            join_documents=t.join_documents,
+            with_positions=True,
         )
         vocab = f"{self.tokenizer.vocab_size:,}"
         logger.info("tokenizer: %s tokens; training data %s", vocab, loader.describe())
@@ -131,7 +140,7 @@ class Trainer:
             model_parts=self.model_parts,
             stage_plan=self.stage_plan,
             summed_loss=self.summed_loss,
-            cp_context=self._cp_context,
+            batch_inputs=self.batch_inputs,
             loss_context=self._loss_context,
             autocast=self._autocast,
         )
@@ -188,18 +197,6 @@ class Trainer:
         sequence. Dividing by it, FSDP's gradient average over dp x cp gives the global mean."""
         return self._tokens_per_step // self.dims.cp
 
-    def _cp_context(self, inputs: torch.Tensor, labels: torch.Tensor):
-        """Shard inputs, labels and the RoPE caches on the sequence dim (ring attention)."""
-        if self.dims.cp == 1:
-            return contextlib.nullcontext()
-        caches = [part.rope_cache for part in self.model_parts]
-        return cp_context(
-            self.dims.mesh("cp"),
-            [inputs, labels, *caches],
-            [1, 1, *[0] * len(caches)],
-            rotate_method=self.cfg.parallelism.context_parallel_rotate_method,
-        )
-
     def _loss_context(self):
         """Loss parallel: the loss reads logits sharded over the vocabulary across TP ranks."""
         return loss_context(self.dims.tp > 1 and not self.cfg.parallelism.disable_loss_parallel)
@@ -230,11 +227,11 @@ class Trainer:
         loss = torch.zeros((), device=self.device)
         data_seconds = 0.0
         for _ in range(self.accum_steps):
-            inputs, labels, seconds = self._next_batch(data_iter)
+            batch, seconds = self._next_batch(data_iter)
             data_seconds += seconds
-            with self._cp_context(inputs, labels):
+            with self.batch_inputs(*batch) as (inputs, labels, model_kwargs):
                 with self._autocast():
-                    logits = self.model(inputs)
+                    logits = self.model(inputs, **model_kwargs)
                 with self._loss_context():
                     micro_loss = self.step_loss(logits, labels)
                     # The loss's graph keeps what its backward needs; this name would keep the
@@ -251,29 +248,28 @@ class Trainer:
         loss = torch.zeros((), device=self.device)
         data_seconds = 0.0
         for _ in range(self.accum_steps):
-            inputs, labels, seconds = self._next_batch(data_iter)
+            batch, seconds = self._next_batch(data_iter)
             data_seconds += seconds
             losses: list[torch.Tensor] = []
-            kwargs = dict(target=labels, losses=losses) if self.stage_plan.has_last() else {}
-            args = (inputs,) if self.stage_plan.has_first() else ()
-            with self._cp_context(inputs, labels), self._autocast(), self._loss_context():
-                self.schedule.step(*args, **kwargs)
+            with self.batch_inputs(*batch) as (inputs, labels, kwargs):
+                if self.stage_plan.has_last():
+                    kwargs.update(target=labels, losses=losses)
+                args = (inputs,) if self.stage_plan.has_first() else ()
+                with self._autocast(), self._loss_context():
+                    self.schedule.step(*args, **kwargs)
             loss += sum(
                 (plain_loss(x.detach()) for x in losses), torch.zeros((), device=self.device)
             )
         dist.all_reduce(loss, group=self.dims.mesh("pp").get_group())
         return self._global_mean(loss), data_seconds
 
-    def _next_batch(self, data_iter) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """-> (inputs, labels) on the device, and the seconds spent waiting for the loader."""
+    def _next_batch(self, data_iter) -> tuple[Batch, float]:
+        """-> the next batch on the device, and the seconds spent waiting for the loader."""
         start = time.perf_counter()
-        inputs, labels = next(data_iter)
+        batch = next(data_iter)
         seconds = time.perf_counter() - start
-        return (
-            inputs.to(self.device, non_blocking=True),
-            labels.to(self.device, non_blocking=True),
-            seconds,
-        )
+        self._documents += documents_in(batch.positions)
+        return Batch(*(t.to(self.device, non_blocking=True) for t in batch)), seconds
 
     def _global_mean(self, local: torch.Tensor) -> torch.Tensor:
         """Average of a per-rank value over all data-parallel (and context-parallel) ranks."""
@@ -302,6 +298,8 @@ class Trainer:
             lr_scheduler.step()
             optimizer.zero_grad(set_to_none=True)
         extra = self.balance.after_step(apply_update) if self.balance.active else {}
+        extra["document_length"] = self._tokens_per_step / max(self._documents, 1)
+        self._documents = 0
         return StepStats(
             step=self.step,
             loss=loss,

@@ -49,7 +49,8 @@ class ForwardPieces:
     model_parts: list[nn.Module]
     stage_plan: StagePlan | None  # which pipeline stages the parts are (pp > 1), else None
     summed_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (output, labels) -> sum
-    cp_context: Callable[[torch.Tensor, torch.Tensor], contextlib.AbstractContextManager]
+    # (inputs, labels, positions) -> a context of this rank's (inputs, labels, model kwargs)
+    batch_inputs: Callable[..., contextlib.AbstractContextManager]
     loss_context: Context
     autocast: Context
 
@@ -99,6 +100,8 @@ class Validator:
             text_field=cfg.training.text_field,
             num_workers=0,  # it reads the data once: a worker process would only cost its start
             pin_memory=False,
+            join_documents=cfg.training.join_documents,
+            with_positions=True,
         )
 
     def should_run(self, step: int, last_step: bool) -> bool:
@@ -112,10 +115,9 @@ class Validator:
         total = torch.zeros((), dtype=torch.float32, device=self.device)
         batches = 0
         with _eval_mode(self.pieces.model_parts):
-            for inputs, labels in self.batches:
-                inputs = inputs.to(self.device, non_blocking=True)
-                labels = labels.to(self.device, non_blocking=True)
-                total += self._summed_loss(inputs, labels)
+            for batch in self.batches:
+                on_device = (t.to(self.device, non_blocking=True) for t in batch)
+                total += self._summed_loss(*on_device)
                 batches += 1
         self._warn_if_short(batches)
         tokens = batches * self.local_batch_size * self.cfg.training.seq_len * self.dims.dp_degree
@@ -128,30 +130,32 @@ class Validator:
             "val_seconds": time.perf_counter() - start,
         }
 
-    def _summed_loss(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def _summed_loss(self, *batch: torch.Tensor) -> torch.Tensor:
         """This rank's summed token loss of one batch (0 on pipeline ranks without the last
         stage; a context-parallel rank's share of the sequence)."""
         p = self.pieces
         if self.pipeline is not None:
-            return self._pipelined_summed_loss(inputs, labels)
+            return self._pipelined_summed_loss(*batch)
         (model,) = p.model_parts
-        with p.cp_context(inputs, labels):
+        with p.batch_inputs(*batch) as (inputs, labels, kwargs):
             with p.autocast():
-                output = model(inputs)
+                output = model(inputs, **kwargs)
             with p.loss_context():
                 return plain_loss(p.summed_loss(output, labels)).float()
 
-    def _pipelined_summed_loss(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def _pipelined_summed_loss(self, *batch: torch.Tensor) -> torch.Tensor:
         p = self.pieces
         size = self.cfg.parallelism.pipeline_parallel_microbatch_size
-        with p.cp_context(inputs, labels), p.autocast():
+        with p.batch_inputs(*batch) as (inputs, labels, kwargs), p.autocast():
             targets = labels.split(size)
+            microbatch_kwargs = split_kwargs(kwargs, size, len(targets))
 
             def stage_loss(output: torch.Tensor, index: int) -> torch.Tensor:
                 with p.loss_context():
                     return plain_loss(p.summed_loss(output, targets[index])).float()
 
-            return self.pipeline.summed_loss(list(inputs.split(size)), stage_loss)
+            microbatches = list(inputs.split(size))
+            return self.pipeline.summed_loss(microbatches, stage_loss, microbatch_kwargs)
 
     def _pipeline_forward(self) -> PipelineForward:
         p = self.pieces
@@ -193,16 +197,27 @@ class Validator:
             )
 
 
+def split_kwargs(kwargs: dict, size: int, count: int) -> list[dict]:
+    """Model kwargs per microbatch of ``size`` samples: tensors split on the batch dim, other
+    values (a context-parallel ``SequenceShard``) shared."""
+    split = {
+        key: value.split(size) if isinstance(value, torch.Tensor) else [value] * count
+        for key, value in kwargs.items()
+    }
+    return [{key: parts[i] for key, parts in split.items()} for i in range(count)]
+
+
 class HeldOutBatches:
     """The validation batches: read from the loader on the first pass, then kept on the host.
 
     A batch is kept as its token windows [B, T + 1] in int32 (the labels are the inputs shifted
-    by one, ``data/text.py``): a quarter of the memory of the loader's two int64 tensors.
+    by one, ``data/text.py``), a quarter of the memory of the loader's two int64 tensors, and
+    its int32 document positions.
     """
 
     def __init__(self, loader: TextLoader, limit: int | None):
         self.limit = limit  # batches to keep; None = all of them
-        self.windows: list[torch.Tensor] = []
+        self.windows: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._unread: Iterator[Batch] | None = iter(loader)  # None once all are kept
 
     def read_first(self) -> bool:
@@ -210,21 +225,21 @@ class HeldOutBatches:
         return next(iter(self), None) is not None
 
     def __iter__(self) -> Iterator[Batch]:
-        for windows in self.windows:
-            yield _unpack(windows)
+        for windows, positions in self.windows:
+            yield _unpack(windows, positions)
         while self._unread is not None:
             batch = next(self._unread, None)
             if batch is None:
                 self._all_kept()
                 break
-            self.windows.append(_pack(*batch))
+            self.windows.append((_pack(batch.inputs, batch.labels), batch.positions))
             if len(self.windows) == self.limit:
                 self._all_kept()
-            yield _unpack(self.windows[-1])
+            yield _unpack(*self.windows[-1])
 
     def _all_kept(self) -> None:
         self._unread = None
-        size = sum(w.nbytes for w in self.windows)
+        size = sum(w.nbytes + p.nbytes for w, p in self.windows)
         logger.info(
             "validation: %d batches kept in host memory for the next validations (%.1f MB)",
             len(self.windows),
@@ -238,9 +253,9 @@ def _pack(inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return torch.cat([inputs, labels[:, -1:]], dim=1).to(torch.int32)
 
 
-def _unpack(windows: torch.Tensor) -> Batch:
+def _unpack(windows: torch.Tensor, positions: torch.Tensor) -> Batch:
     tokens = windows.long()
-    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    return Batch(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous(), positions)
 
 
 @contextlib.contextmanager

@@ -45,3 +45,18 @@ def test_check_cp():
     assert check_cp(63, 1) is None
     assert "divisible by 2 * context_parallel_degree = 8" in check_cp(68, 4)
     assert ">= 1" in check_cp(64, 0)
+
+
+DOCUMENT_WORKER = Path(__file__).with_name("cp_document_worker.py")
+
+
+@pytest.mark.parametrize("args", [[], ["--reset-positions"]], ids=["document", "reset_positions"])
+def test_document_masked_cp_matches_full_sequence(args):
+    """CP2 with the 128-token snake split: keys and values gathered in attention, the queries'
+    rows of the document mask (cp_document_worker.py)."""
+    out = run_ranks(2, [str(DOCUMENT_WORKER), *args], 120)
+    lines = [line for line in out.splitlines() if line.startswith("CP_DOC_RESULT ")]
+    assert len(lines) == 1, out[-3000:]
+    result = json.loads(lines[0].removeprefix("CP_DOC_RESULT "))
+    assert result["loss_rel"] < 1e-6
+    assert result["grad_rel"] < 1e-5

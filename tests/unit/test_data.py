@@ -485,3 +485,67 @@ def test_dataset_sizes_for_the_startup_log(tokenizer, tmp_path):
         source=DatasetSource("c4", hub_id="allenai/c4", streaming=True), documents=None
     )
     assert describe_dataset(streamed).endswith("size unknown")
+
+
+# ---------------------------------------------------------------- document positions
+
+
+def expected_positions(tokenizer, texts, join: int, seq_len: int, dp: int, rank: int):
+    """Each window's input positions from the token stream: 0 at a window start and at every
+    BOS that begins a group of ``join`` documents, +1 otherwise."""
+    starts = []
+    for d, text in enumerate(texts):
+        length = len(tokenizer.encode(text, bos=True, eos=True))
+        starts.append(d % join == 0)
+        starts.extend([False] * (length - 1))
+    window = seq_len + 1
+    result = []
+    for w in range(len(starts) // window):
+        if w % dp != rank:
+            continue
+        flags = starts[w * window : (w + 1) * window - 1]
+        positions, p = [], 0
+        for i, start in enumerate(flags):
+            p = 0 if i == 0 or start else p + 1
+            positions.append(p)
+        result.append(positions)
+    return result
+
+
+@pytest.mark.parametrize("join, dp, rank", [(1, 1, 0), (3, 2, 1)])
+def test_positions_restart_at_documents_and_windows(tokenizer, corpus_path, join, dp, rank):
+    texts = make_documents(40)
+    dataset = TextDataset(str(corpus_path), tokenizer, SEQ_LEN, rank, dp, False, join)
+    samples = list(dataset.positioned_samples())
+    expected = expected_positions(tokenizer, texts, join, SEQ_LEN, dp, rank)
+    assert [s[2].tolist() for s in samples] == expected[: len(samples)]
+    if join == 1:
+        # A document's last token (EOS) is trained to predict the next document's BOS.
+        for inputs, labels, positions, _ in samples:
+            ends = (positions[1:] == 0).nonzero().flatten()
+            assert (inputs[ends] == tokenizer.eos_id).all()
+            assert (labels[ends] == tokenizer.bos_id).all()
+
+
+def test_joined_documents_keep_the_tokens(tokenizer, corpus_path):
+    single = list(TextDataset(str(corpus_path), tokenizer, SEQ_LEN, infinite=False))
+    joined = list(
+        TextDataset(str(corpus_path), tokenizer, SEQ_LEN, infinite=False, join_documents=4)
+    )
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(single, joined, strict=True))
+
+
+def test_positions_resume_within_a_joined_group(tokenizer, corpus_path):
+    dataset = TextDataset(str(corpus_path), tokenizer, SEQ_LEN, join_documents=3)
+    samples = take(dataset.positioned_samples(), 12)
+    resumed = TextDataset(str(corpus_path), tokenizer, SEQ_LEN, join_documents=3)
+    resumed.load_state_dict(samples[4][3])
+    again = take(resumed.positioned_samples(), 7)
+    assert [s[2].tolist() for s in again] == [s[2].tolist() for s in samples[5:]]
+
+
+def test_loader_hands_out_positions_when_asked(tokenizer, corpus_path):
+    loader = build_dataloader(str(corpus_path), tokenizer, SEQ_LEN, 2, 0, 1, with_positions=True)
+    batch = next(iter(loader))
+    assert batch.positions.shape == batch.inputs.shape and batch.positions.dtype == torch.int32
+    assert (batch.positions[:, 0] == 0).all()

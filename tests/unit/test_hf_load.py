@@ -152,6 +152,7 @@ WORKER = textwrap.dedent(
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from torchtitan.models.llama3 import ModelArgs, Transformer
+    from torchtitan.models.common.masks import AttentionOptions
     from torchtitan.checkpoint.hf_load import load_hf_weights
     from torchtitan.parallel import apply_fsdp
     from torchtitan.parallel import apply_tp

@@ -195,7 +195,7 @@ def test_conversion_errors_are_one_line(folders, tmp_path, capsys):
     assert from_hf(["--hf", str(mistral), "--out", x]) == 1
     assert _one_line_error(capsys) == (
         "error: HF config model_type is 'mistral'; this script reads llama (Llama 3); qwen3, "
-        "qwen3_moe (Qwen3)\n"
+        "qwen3_moe (Qwen3); deepseek_v3 (DeepSeek-V3)\n"
     )
     assert not (tmp_path / "x").exists()
 

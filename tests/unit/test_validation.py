@@ -77,8 +77,9 @@ def test_the_data_is_read_once_and_kept(tmp_path, monkeypatch, caplog):
     assert first["val_batches"] == second["val_batches"] == 3
     (kept,) = [r.getMessage() for r in caplog.records if "kept in host memory" in r.getMessage()]
     assert "3 batches" in kept
-    windows = trainer.validator.batches.windows
-    assert sum(w.nbytes for w in windows) == 3 * 4 * 65 * 4  # batches x samples x tokens x int32
+    kept_bytes = sum(w.nbytes + p.nbytes for w, p in trainer.validator.batches.windows)
+    # batches x samples x (window tokens + input positions) x int32
+    assert kept_bytes == 3 * 4 * (65 + 64) * 4
     assert trainer.validator.loader.num_workers == 0
     trainer.close()
 

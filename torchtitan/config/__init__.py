@@ -19,6 +19,8 @@ from torchtitan.config.base import (
     ASSETS,
     ACMode,
     AsyncMode,
+    AttentionKernel,
+    AttentionMaskKind,
     ConfigError,
     DecayType,
     ExcludableState,
@@ -63,6 +65,8 @@ from torchtitan.config.sections import (
 )
 
 __all__ = [
+    "AttentionKernel",
+    "AttentionMaskKind",
     "ASSETS",
     "MODEL_SHAPE_KEYS",
     "ACMode",

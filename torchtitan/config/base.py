@@ -23,6 +23,8 @@ DecayType = Literal["linear", "cosine", "none"]
 MixedPrecisionDtype = Literal["bfloat16", "float32"]
 NonFinitePolicy = Literal["stop", "skip"]
 RotateMethod = Literal["allgather", "alltoall"]
+AttentionKernel = Literal["sdpa", "flex", "varlen"]
+AttentionMaskKind = Literal["causal", "document"]
 PipelineSchedule = Literal[
     "GPipe",
     "1F1B",

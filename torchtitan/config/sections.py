@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from torchtitan.config.base import (
     ASSETS,
     AsyncMode,
+    AttentionKernel,
+    AttentionMaskKind,
     DecayType,
     ExcludableState,
     ExportDtype,
@@ -54,6 +56,21 @@ class Model(Section):
     n_kv_heads: int = opt(0, "key/value heads (must divide n_heads); 0 = the flavor's")
     ffn_dim_multiplier: float = opt(0.0, "SwiGLU hidden size multiplier; 0 = the flavor's")
     rope_theta: float = opt(0.0, "RoPE base frequency; 0 = the flavor's")
+    attention: AttentionKernel = opt(
+        "sdpa",
+        "attention kernel: sdpa (any device), flex (FlexAttention, CUDA: skips masked blocks), "
+        "varlen (varlen flash attention, CUDA bf16)",
+    )
+    mask: AttentionMaskKind = opt(
+        "causal",
+        "causal: a token sees every earlier token of its sample; document: only those of its "
+        "own document (packed samples hold several)",
+    )
+    reset_positions: bool = opt(
+        False,
+        "RoPE positions restart at 0 at each document start (with document masking RoPE is "
+        "relative, so this changes only rounding)",
+    )
     # Mixture-of-Experts routing (MoE flavors only).
     moe_top_k: int = opt(0, "MoE: experts per token; 0 = the flavor's")
     moe_balance_bias: bool = opt(
@@ -147,6 +164,11 @@ class Training(Section):
         -1, "processes that tokenize ahead of training: -1 = auto (1 on CUDA, 0 on CPU), 0, 1"
     )
     seq_len: int = opt(2048, "tokens per sample")
+    join_documents: int = opt(
+        1,
+        "consecutive source documents packed as one document (for document masking: how "
+        "long a document is); 1 = each its own",
+    )
     local_batch_size: int = opt(8, "samples per device per micro-step")
     global_batch_size: int = opt(-1, "samples per optimizer step; -1 = local_batch_size x DP")
     steps: int = opt(10000, "optimizer steps to train")
@@ -168,7 +190,7 @@ class Training(Section):
 
     def validate(self) -> None:
         super().validate()
-        for key in ("seq_len", "local_batch_size", "steps", "gc_freq"):
+        for key in ("seq_len", "join_documents", "local_batch_size", "steps", "gc_freq"):
             value = getattr(self, key)
             _check(value > 0, f"--training.{key} must be positive; got {value}")
         _check(

@@ -1,4 +1,6 @@
-"""The data loader: ``(input_ids, labels)`` batches of shape [B, T] of this rank's packed windows.
+"""The data loader: ``(input_ids, labels)`` batches of shape [B, T] of this rank's packed windows,
+or ``Batch(inputs, labels, positions)`` with each token's position in its document
+(``with_positions``; text.py says how documents are packed).
 
 ``TextLoader`` runs a ``TextDataset`` under ``torch.utils.data.DataLoader``. With a worker (the
 default on CUDA) reading, tokenization and packing happen in that process, ``PREFETCH_BATCHES``
@@ -16,7 +18,7 @@ data-parallel layout with the same global batch size.
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
@@ -30,7 +32,11 @@ from torchtitan.data.worker import worker_init_for
 AUTO_WORKERS = -1
 PREFETCH_BATCHES = 2
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+
+class Batch(NamedTuple):
+    inputs: torch.Tensor  # (B, T) token ids
+    labels: torch.Tensor  # (B, T) the next token of each input
+    positions: torch.Tensor  # (B, T) int32: each input's position in its document
 
 
 def resolve_workers(requested: int) -> int:
@@ -55,18 +61,24 @@ class PositionedSamples(IterableDataset):
         return self.dataset.positioned_samples()
 
 
-def stack_positioned(samples: list) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-    inputs, labels, positions = zip(*samples)
-    return torch.stack(inputs), torch.stack(labels), positions[-1]
+def stack_positioned(samples: list) -> tuple[Batch, dict[str, Any]]:
+    inputs, labels, positions, states = zip(*samples)
+    return Batch(torch.stack(inputs), torch.stack(labels), torch.stack(positions)), states[-1]
 
 
 class TextLoader:
     """Batches of a ``TextDataset``; see the module doc. ``iter()`` starts at ``state_dict()``."""
 
     def __init__(
-        self, dataset: TextDataset, local_batch_size: int, num_workers: int, pin_memory: bool
+        self,
+        dataset: TextDataset,
+        local_batch_size: int,
+        num_workers: int,
+        pin_memory: bool,
+        with_positions: bool = False,
     ):
         self.dataset = dataset
+        self.with_positions = with_positions
         self.local_batch_size = local_batch_size
         self.num_workers = num_workers
         self.pin_memory = pin_memory
@@ -87,7 +99,7 @@ class TextLoader:
         self.dataset.load_state_dict(position)
         self._position = self.dataset.state_dict()
 
-    def __iter__(self) -> Iterator[Batch]:
+    def __iter__(self) -> Iterator[Batch | tuple[torch.Tensor, torch.Tensor]]:
         self.dataset.load_state_dict(self._position)
         with_workers = self.num_workers > 0
         loader = DataLoader(
@@ -107,10 +119,10 @@ class TextLoader:
         """What the data is and how large, for the start-up log (no full pass over it)."""
         return describe_dataset(self.dataset)
 
-    def _hand_out(self, batches: Iterator) -> Iterator[Batch]:
-        for inputs, labels, position in batches:
+    def _hand_out(self, batches: Iterator) -> Iterator[Batch | tuple[torch.Tensor, torch.Tensor]]:
+        for batch, position in batches:
             self._position = position
-            yield inputs, labels
+            yield batch if self.with_positions else (batch.inputs, batch.labels)
 
 
 def describe_dataset(dataset: TextDataset) -> str:
@@ -142,14 +154,19 @@ def build_dataloader(
     text_field: str = "text",
     num_workers: int = AUTO_WORKERS,
     pin_memory: bool | None = None,
+    join_documents: int = 1,
+    with_positions: bool = False,
 ) -> TextLoader:
     """Loader over this rank's share of the packed token windows.
 
     ``num_workers``: see ``resolve_workers``. ``pin_memory``: None = when CUDA is available (the
-    trainer then trains on CUDA).
+    trainer then trains on CUDA). ``with_positions``: hand out ``Batch`` triples.
     """
     source = resolve_source(dataset_spec, text_field)
-    dataset = TextDataset(source, tokenizer, seq_len, dp_rank, dp_world_size, infinite)
+    dataset = TextDataset(
+        source, tokenizer, seq_len, dp_rank, dp_world_size, infinite, join_documents
+    )
     if pin_memory is None:
         pin_memory = torch.cuda.is_available()
-    return TextLoader(dataset, local_batch_size, resolve_workers(num_workers), pin_memory)
+    workers = resolve_workers(num_workers)
+    return TextLoader(dataset, local_batch_size, workers, pin_memory, with_positions)

@@ -6,6 +6,13 @@ epochs too, into one global token stream, which is cut into non-overlapping wind
 ``(w[:-1], w[1:])``, so the last label of a window is never an input; that costs one token in
 ``seq_len + 1`` and keeps windows independent.
 
+Document positions: each input token's position in its document, 0 where a document starts and
+at the start of every window (a document cut by a window boundary continues as a new one). The
+label of a document's last token (EOS) is the next document's BOS: it is trained, predicted from
+the ending document alone under document masking. ``join_documents = k`` treats k consecutive
+source documents as one (the tokens are unchanged, BOS/EOS included; only the positions run on),
+which sets the mean document length that document masking sees.
+
 Data parallelism: the stream is consumed in rounds of ``dp_world_size`` consecutive windows, and
 rank ``r`` takes the ``r``-th window of each round, i.e. global window ``i`` goes to rank
 ``i % dp_world_size``. One global batch is thus a contiguous range of global windows whatever the
@@ -17,8 +24,9 @@ a worker process, off the training loop's path (docs/data.md gives the cost).
 
 State: epoch, a cursor to the current document (its row index for local data, or the Hugging
 Face ``IterableDataset.state_dict()`` taken just before it for streamed data), the number of
-the document's tokens already consumed, and the number of global windows emitted. Resuming
-re-tokenizes only the current document.
+the document's tokens already consumed, the number of global windows emitted, and the
+document's index in its epoch (for ``join_documents``). Resuming re-tokenizes only the current
+document.
 
 When the source is exhausted it is read again from the start (logged as re-looping, epoch counter
 in the state); with ``infinite=False`` iteration stops instead, dropping the trailing tokens that
@@ -157,6 +165,7 @@ class StreamPosition:
     cursor: Any
     offset: int  # tokens of the cursor's document (with BOS/EOS) already consumed
     windows: int  # global windows emitted so far, summed over ranks
+    document: int = 0  # the cursor's document's index in its epoch
 
 
 class TextDataset(IterableDataset, Stateful):
@@ -170,9 +179,12 @@ class TextDataset(IterableDataset, Stateful):
         dp_rank: int = 0,
         dp_world_size: int = 1,
         infinite: bool = True,
+        join_documents: int = 1,
     ):
         if seq_len < 1:
             raise ValueError(f"seq_len must be positive, got {seq_len}")
+        if join_documents < 1:
+            raise ValueError(f"join_documents must be positive, got {join_documents}")
         if not 0 <= dp_rank < dp_world_size:
             raise ValueError(f"dp_rank {dp_rank} not in [0, dp_world_size={dp_world_size})")
         self.source = resolve_source(source) if isinstance(source, str) else source
@@ -181,32 +193,38 @@ class TextDataset(IterableDataset, Stateful):
         self.dp_rank = dp_rank
         self.dp_world_size = dp_world_size
         self.infinite = infinite
+        self.join_documents = join_documents
         self.documents = open_documents(self.source)
         self.position = StreamPosition(0, self.documents.start_cursor, 0, 0)
 
-    def _documents_from(self, position: StreamPosition) -> Iterator[tuple[int, Any, list[int]]]:
-        """Yield (epoch, cursor, tokens) per document, looping over epochs when infinite."""
-        epoch, cursor = position.epoch, position.cursor
+    def _documents_from(self, position: StreamPosition) -> Iterator[tuple[Any, ...]]:
+        """Yield (epoch, cursor, index, tokens, joined) per document, looping over epochs when
+        infinite; ``joined``: the document continues the previous one (``join_documents``)."""
+        epoch, cursor, index = position.epoch, position.cursor, position.document
         while True:
             from_start = cursor == self.documents.start_cursor
             empty = True
             for doc_cursor, text in self.documents.read(cursor):
                 if text is not None:
                     empty = False
-                    yield epoch, doc_cursor, self.tokenizer.encode(text, bos=True, eos=True)
+                    tokens = self.tokenizer.encode(text, bos=True, eos=True)
+                    yield epoch, doc_cursor, index, tokens, index % self.join_documents > 0
+                    index += 1
             if empty and from_start:
                 raise DataError(f"dataset {self.source.name} has no documents")
             if not self.infinite:
                 return
-            epoch, cursor = epoch + 1, self.documents.start_cursor
+            epoch, cursor, index = epoch + 1, self.documents.start_cursor, 0
             logger.warning("dataset %s re-looping (epoch %d)", self.source.name, epoch)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for inputs, labels, _ in self.positioned_samples():
+        for inputs, labels, _, _ in self.positioned_samples():
             yield inputs, labels
 
-    def positioned_samples(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, dict[str, Any]]]:
-        """Like iterating, each sample followed by the state just after it (``state_dict()``)."""
+    def positioned_samples(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        """``(inputs, labels, positions, state)`` per sample: ``positions`` holds each input
+        token's position in its document (0 where a document, or the sample, starts) and
+        ``state`` is ``state_dict()`` just after the sample."""
         window_len = self.seq_len + 1
         round_len = window_len * self.dp_world_size
         mine_start = self.dp_rank * window_len
@@ -214,27 +232,44 @@ class TextDataset(IterableDataset, Stateful):
         skip = self.position.offset  # applies to the first document only: the one resumed in
         filled = 0  # tokens of the current round seen so far
         window: list[int] = []
-        for epoch, cursor, tokens in self._documents_from(self.position):
+        positions: list[int] = []
+        for epoch, cursor, index, tokens, joined in self._documents_from(self.position):
             offset, skip = skip, 0
             while offset < len(tokens):
                 take = min(round_len - filled, len(tokens) - offset)
                 lo, hi = max(filled, mine_start), min(filled + take, mine_end)
                 if lo < hi:
-                    window.extend(tokens[offset + lo - filled : offset + hi - filled])
+                    piece_start = offset + lo - filled
+                    continues = positions and (piece_start > 0 or joined)
+                    first = positions[-1] + 1 if continues else 0
+                    positions.extend(range(first, first + hi - lo))
+                    window.extend(tokens[piece_start : offset + hi - filled])
                 filled += take
                 offset += take
                 if filled == round_len:
                     windows = self.position.windows + self.dp_world_size
-                    self.position = StreamPosition(epoch, cursor, offset, windows)
+                    self.position = StreamPosition(epoch, cursor, offset, windows, index)
                     sample = torch.tensor(window, dtype=torch.long)
-                    filled, window = 0, []
-                    yield sample[:-1], sample[1:], self.state_dict()
+                    document_positions = torch.tensor(positions[:-1], dtype=torch.int32)
+                    filled, window, positions = 0, [], []
+                    yield sample[:-1], sample[1:], document_positions, self.state_dict()
 
     def state_dict(self) -> dict[str, Any]:
         p = self.position
-        return {"epoch": p.epoch, "cursor": p.cursor, "offset": p.offset, "windows": p.windows}
+        return {
+            "epoch": p.epoch,
+            "cursor": p.cursor,
+            "offset": p.offset,
+            "windows": p.windows,
+            "document": p.document,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # "document" is absent from states saved before documents could be joined.
         self.position = StreamPosition(
-            state_dict["epoch"], state_dict["cursor"], state_dict["offset"], state_dict["windows"]
+            state_dict["epoch"],
+            state_dict["cursor"],
+            state_dict["offset"],
+            state_dict["windows"],
+            state_dict.get("document", 0),
         )

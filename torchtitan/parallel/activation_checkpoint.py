@@ -11,6 +11,8 @@ saved activations for about 12% more matmul FLOPs per step (Llama 3 8B shapes).
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 from functools import partial
 
 import torch
@@ -45,6 +47,14 @@ def _ops_to_save() -> set:
         aten._scaled_dot_product_cudnn_attention.default,
         aten._scaled_dot_product_flash_attention_for_cpu.default,
     }
+    # FlexAttention and varlen attention (torchtitan.models.common.attention): their outputs
+    # are as costly to recompute as SDPA's.
+    flex = getattr(torch.ops.higher_order, "flex_attention", None)
+    if flex is not None:
+        ops.add(flex)
+    with contextlib.suppress(ImportError):
+        importlib.import_module("torch.nn.attention.varlen")  # registers the torch_attn ops
+        ops.add(torch.ops.torch_attn._varlen_attn.default)
     functional = getattr(torch.ops, "_c10d_functional", None)
     if functional is not None:
         ops |= {

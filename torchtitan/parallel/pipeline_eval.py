@@ -51,12 +51,19 @@ class PipelineForward:
         self.owners = stage_owners(schedule, dist.get_world_size(group), plan.num_stages)
         self.group, self.device = group, device
 
-    def summed_loss(self, microbatches: list[torch.Tensor], stage_loss: StageLoss) -> torch.Tensor:
+    def summed_loss(
+        self,
+        microbatches: list[torch.Tensor],
+        stage_loss: StageLoss,
+        stage_kwargs: list[dict] | None = None,
+    ) -> torch.Tensor:
         """The sum of ``stage_loss`` over the microbatches on the rank holding the last stage;
-        0 elsewhere. ``microbatches``: the first stage's inputs (every rank passes them)."""
+        0 elsewhere. ``microbatches``: the first stage's inputs (every rank passes them);
+        ``stage_kwargs``: each microbatch's keyword arguments for every stage."""
         total = torch.zeros((), dtype=torch.float32, device=self.device)
         in_flight: list[list[dist.Work]] = []
         for index, inputs in enumerate(microbatches):
+            kwargs = stage_kwargs[index] if stage_kwargs else {}
             if len(in_flight) == 2:  # bound the activations held for sends
                 for work in in_flight.pop(0):
                     work.wait()
@@ -67,7 +74,7 @@ class PipelineForward:
                     continue
                 if stage > 0 and self.owners[stage - 1] != self.rank:
                     carried = self._receive(self.owners[stage - 1])
-                output = self.stages[stage](carried)
+                output = self.stages[stage](carried, **kwargs)
                 if stage == self.num_stages - 1:
                     total += stage_loss(output, index)
                 elif self.owners[stage + 1] == self.rank:

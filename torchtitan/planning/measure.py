@@ -27,6 +27,7 @@ import time
 import torch
 import torch.nn as nn
 
+import torchtitan.models.common.attention as common_attention
 import torchtitan.models.llama3.model as llama
 from torchtitan.loss import cross_entropy_sum
 from torchtitan.models.llama3 import get_model_args
@@ -124,16 +125,16 @@ def measure_loss(args, precision: str, seq: int = SEQS[1]) -> dict:
 
 
 def main(specs: list[str]) -> None:
-    native_gqa = llama.native_gqa
+    native_gqa = common_attention.native_gqa
     for spec in specs:
         flavor, precision, attention, modes = spec.split(":")
-        llama.native_gqa = native_gqa if attention == "gqa" else (lambda x: False)
+        common_attention.native_gqa = native_gqa if attention == "gqa" else (lambda x: False)
         args = get_model_args(flavor, max_seq_len=SEQS[1])
         result = {"blocks": {m: measure_mode(args, m, precision) for m in modes.split(",")}}
         if attention == "gqa":
             result["loss"] = measure_loss(args, precision)
         print(json.dumps({spec: result}), flush=True)
-    llama.native_gqa = native_gqa
+    common_attention.native_gqa = native_gqa
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torchtitan.models.common.masks import AttentionOptions
 from torchtitan.models.common.moe import MoEArgs
 
 
@@ -50,6 +51,7 @@ class DeepSeekV3Args:
     rope_scaling: YarnScaling | None = None
     max_seq_len: int = 2048  # length of the precomputed RoPE cache
     depth_init: bool = True  # scale output-projection init by layer depth rather than n_layers
+    attention: AttentionOptions = AttentionOptions()  # kernel, mask, per-document RoPE
 
     @property
     def qk_head_dim(self) -> int:
@@ -133,6 +135,7 @@ class DeepSeekV3Args:
         return 6 * self.active_params(include_embedding=False) + attention
 
     def validate(self) -> None:
+        self.attention.validate()
         sizes = ("dim", "n_layers", "n_heads", "vocab_size", "ffn_hidden_dim", "max_seq_len")
         for name in (*sizes, "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
             if getattr(self, name) <= 0:

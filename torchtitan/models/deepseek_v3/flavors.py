@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from torchtitan.config import ConfigError, Model, suggest
+from torchtitan.models.common.masks import attention_options
 from torchtitan.models.common.moe import MoEArgs
 from torchtitan.models.deepseek_v3.args import DeepSeekV3Args, YarnScaling
 
@@ -143,7 +144,8 @@ def model_args_from_config(model: Model, seq_len: int) -> DeepSeekV3Args:
         if key in overrides:
             raise ConfigError(f"--model.{key} does not apply to deepseek_v3: {why}")
     try:
-        args = get_model_args(model.flavor, max_seq_len=seq_len, **overrides)
+        attention = attention_options(model)
+        args = get_model_args(model.flavor, max_seq_len=seq_len, attention=attention, **overrides)
         changes = model.moe_overrides()
         if changes:
             args = dataclasses.replace(args, moe=dataclasses.replace(args.moe, **changes))

@@ -19,25 +19,25 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from torchtitan.models.common.attention import attend
+from torchtitan.models.common.masks import AttentionMask, SequenceShardLike
 from torchtitan.models.common.moe import MoE
 from torchtitan.models.deepseek_v3.args import DeepSeekV3Args
 from torchtitan.models.deepseek_v3.rope import precompute_rope_cache, softmax_scale
-from torchtitan.models.llama3.model import INIT_STD, FeedForward, RMSNorm, apply_rope
+from torchtitan.models.llama3.model import (
+    INIT_STD,
+    FeedForward,
+    RMSNorm,
+    apply_rope,
+    rope_and_mask,
+)
 
 
 def _trunc_normal(w: torch.Tensor, std: float) -> None:
     # In place, so it also works on DTensor parameters (each rank fills its own shard).
     nn.init.trunc_normal_(w, mean=0.0, std=std, a=-3 * std, b=3 * std)
-
-
-def _core_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """Causal attention of (bs, heads, seqlen, head_dim) q, k and v (v's head_dim may differ)."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
 
 
 class SequenceGather(nn.Identity):
@@ -72,7 +72,9 @@ class Attention(nn.Module):
         latent = self.q_norm(self.wq_a(x)) if self.q_lora_rank else x
         return self.wq(latent).unflatten(-1, (-1, self.qk_head_dim))
 
-    def forward(self, x: torch.Tensor, rope_cache: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope_cache: torch.Tensor, mask: AttentionMask = None
+    ) -> torch.Tensor:
         # Sequence lengths come from each projection's output, not from x: under tensor
         # parallelism x is this rank's sequence shard and the up-projections gather the sequence.
         q_nope, q_rope = self._query(x).split([self.qk_nope_head_dim, self.qk_rope_head_dim], -1)
@@ -85,9 +87,7 @@ class Attention(nn.Module):
         q_rope, k_rope = apply_rope(q_rope, k_rope, rope_cache)
         q = torch.cat([q_nope, q_rope], dim=-1)
         k = torch.cat([k_nope, k_rope.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (bs, heads, seqlen, head_dim)
-        out = _core_attention(q, k, v, self.scale).transpose(1, 2)
-        return self.wo(out.flatten(2))
+        return self.wo(attend(q, k, v, mask, self.scale).flatten(2))
 
     def init_weights(self, out_std: float) -> None:
         names = ("wq_a", "wq") if self.q_lora_rank else ("wq",)
@@ -115,8 +115,11 @@ class TransformerBlock(nn.Module):
         depth = layer_id + 1 if args.depth_init else args.n_layers
         self.out_init_std = INIT_STD / math.sqrt(2 * depth)
 
-    def forward(self, x: torch.Tensor, rope_cache: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), rope_cache)
+    def forward(
+        self, x: torch.Tensor, rope_cache: torch.Tensor, mask: AttentionMask = None
+    ) -> torch.Tensor:
+        # The mask by keyword: a TP plan lays out the positional inputs only.
+        h = x + self.attention(self.attention_norm(x), rope_cache, mask=mask)
         ffn = self.moe if self.is_moe else self.feed_forward
         return h + ffn(self.ffn_norm(h))
 
@@ -156,14 +159,21 @@ class DeepSeekV3Transformer(nn.Module):
         self.defer_head = False
         self.register_buffer("rope_cache", precompute_rope_cache(args), persistent=False)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        sequence_shard: SequenceShardLike | None = None,
+    ) -> torch.Tensor:
         """tokens (bs, seqlen) int -> logits (bs, seqlen, vocab_size). In a pipeline stage
         without tok_embeddings the input is hidden states (bs, seqlen, dim), and without output
-        (or with ``defer_head``) the model returns the hidden states."""
+        (or with ``defer_head``) the model returns the hidden states. ``positions`` and
+        ``sequence_shard``: as for Llama 3 (document masking, context parallelism)."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         h = _in_autocast_dtype(h)
+        rope, mask = rope_and_mask(self.args.attention, self.rope_cache, positions, sequence_shard)
         for layer in self.layers.values():
-            h = layer(h, self.rope_cache)
+            h = layer(h, rope, mask=mask)
         if self.norm is not None:
             h = self.norm(h)
         return self.output(h) if self.output is not None and not self.defer_head else h

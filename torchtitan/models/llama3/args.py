@@ -4,6 +4,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from torchtitan.config import ConfigError, Model, suggest
+from torchtitan.models.common.masks import AttentionOptions, attention_options
 
 
 @dataclass(kw_only=True)
@@ -21,6 +22,7 @@ class ModelArgs:
     rope_scaling_factor: float = 8.0  # 8 for Llama 3.1, 32 for Llama 3.2 1B/3B
     max_seq_len: int = 2048  # length of the precomputed RoPE cache
     depth_init: bool = True  # scale output-projection init by layer depth rather than n_layers
+    attention: AttentionOptions = AttentionOptions()  # kernel, mask, per-document RoPE
 
     @property
     def kv_heads(self) -> int:
@@ -76,6 +78,7 @@ class ModelArgs:
         return 6 * self.num_params(include_embedding=False) + attn
 
     def validate(self) -> None:
+        self.attention.validate()
         sizes = ("dim", "n_layers", "n_heads", "vocab_size", "multiple_of", "max_seq_len")
         for name in sizes:
             if getattr(self, name) <= 0:
@@ -194,7 +197,8 @@ def model_args_from_config(model: Model, seq_len: int) -> ModelArgs:
             "--model.moe_* options apply to MoE flavors; llama3 has none (see --model.name qwen3)"
         )
     try:
-        return get_model_args(model.flavor, max_seq_len=seq_len, **overrides)
+        attention = attention_options(model)
+        return get_model_args(model.flavor, max_seq_len=seq_len, attention=attention, **overrides)
     except ValueError as e:
         changed = ", ".join(f"{k}={v}" for k, v in overrides.items())
         where = f" (flavor {model.flavor} with {changed})" if overrides else ""

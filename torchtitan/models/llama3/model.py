@@ -14,6 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from torchtitan.models.common.attention import attend
+from torchtitan.models.common.masks import (
+    AttentionMask,
+    AttentionOptions,
+    DenseMask,
+    SequenceShardLike,
+    build_mask,
+)
 from torchtitan.models.llama3.args import ModelArgs
 from torchtitan.models.llama3.kv_cache import KVCache, LayerKVCache, cached_attention_mask
 
@@ -113,26 +121,6 @@ def apply_rope(
     return _rotate_pairs(xq, cos, sin), _rotate_pairs(xk, cos, sin)
 
 
-def native_gqa(x: torch.Tensor) -> bool:
-    """Whether SDPA's flash kernel will take grouped K/V heads as they are (``enable_gqa``).
-
-    That saves the n_rep-times larger K/V copies (memory saved for backward, bandwidth, and the
-    K/V that ring attention exchanges). It holds on CPU and for 16-bit CUDA inputs; for fp32 on
-    CUDA the efficient kernel runs, which lacks GQA, and ``enable_gqa`` would fall back to the
-    math kernel (a full seq x seq attention matrix), so K/V are repeated instead.
-    """
-    return x.device.type == "cpu" or x.dtype in (torch.bfloat16, torch.float16)
-
-
-def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
-    """(bs, seqlen, n_kv_heads, head_dim) -> (bs, seqlen, n_kv_heads * n_rep, head_dim)."""
-    if n_rep == 1:
-        return x
-    bs, seqlen, n_kv_heads, head_dim = x.shape
-    x = x[:, :, :, None, :].expand(bs, seqlen, n_kv_heads, n_rep, head_dim)
-    return x.reshape(bs, seqlen, n_kv_heads * n_rep, head_dim)
-
-
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -161,27 +149,19 @@ class Attention(nn.Module):
         rope_cache: torch.Tensor,
         kv_cache: LayerKVCache | None = None,
         start_pos: int = 0,
+        mask: AttentionMask = None,
     ) -> torch.Tensor:
-        """With ``kv_cache``, x holds positions ``start_pos ...`` (rope_cache starts there too)
-        and attends to every earlier position stored in the cache."""
+        """``mask``: which earlier tokens each token sees (masks.py; None: all of them). With
+        ``kv_cache``, x holds positions ``start_pos ...`` (rope_cache starts there too) and
+        attends to every earlier position stored in the cache."""
         bs, seqlen, _ = x.shape
         xq, xk, xv = self.rotated_qkv(x, rope_cache)
         if kv_cache is not None:
             xk, xv = kv_cache.update(xk, xv, start_pos)
-
-        n_rep = xq.shape[2] // xk.shape[2]
-        gqa = n_rep > 1 and native_gqa(xq)
-        if n_rep > 1 and not gqa:
-            xk, xv = repeat_kv(xk, n_rep), repeat_kv(xv, n_rep)
-
-        q, k, v = (t.transpose(1, 2) for t in (xq, xk, xv))  # (bs, heads, seqlen, head_dim)
-        if kv_cache is None or start_pos == 0:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        else:
-            mask = cached_attention_mask(seqlen, start_pos, x.device)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
-        out = out.transpose(1, 2).reshape(bs, seqlen, -1)
-        return self.wo(out)
+            if start_pos > 0:
+                mask = DenseMask(cached_attention_mask(seqlen, start_pos, x.device))
+        out = attend(xq, xk, xv, mask)
+        return self.wo(out.reshape(bs, seqlen, -1))
 
     def init_weights(self, out_std: float) -> None:
         for w in (self.wq, self.wk, self.wv):
@@ -223,11 +203,14 @@ class TransformerBlock(nn.Module):
         rope_cache: torch.Tensor,
         kv_cache: LayerKVCache | None = None,
         start_pos: int = 0,
+        mask: AttentionMask = None,
     ) -> torch.Tensor:
-        # The cache arguments by keyword: a TP plan's PrepareModuleInput lays out the positional
+        # The cache and mask by keyword: a TP plan's PrepareModuleInput lays out the positional
         # inputs only (hidden states, RoPE cache).
         attention_in = self.attention_norm(x)
-        h = x + self.attention(attention_in, rope_cache, kv_cache=kv_cache, start_pos=start_pos)
+        h = x + self.attention(
+            attention_in, rope_cache, kv_cache=kv_cache, start_pos=start_pos, mask=mask
+        )
         return h + self.feed_forward(self.ffn_norm(h))
 
     def init_weights(self) -> None:
@@ -248,6 +231,24 @@ def _in_autocast_dtype(h: torch.Tensor) -> torch.Tensor:
     if h.is_floating_point() and torch.is_autocast_enabled(device):
         return h.to(torch.get_autocast_dtype(device))
     return h
+
+
+def rope_and_mask(
+    options: AttentionOptions,
+    rope_cache: torch.Tensor,
+    positions: torch.Tensor | None,
+    shard: SequenceShardLike | None = None,
+) -> tuple[torch.Tensor, AttentionMask]:
+    """The RoPE angles and the attention mask of a batch whose tokens have ``positions``.
+
+    The angles are the cache's first rows, or each token's own row when positions restart at
+    every document or the tokens are a context-parallel rank's share of the sequence (``shard``:
+    ``positions`` then covers the whole sequence)."""
+    mask = build_mask(options, positions, shard)
+    if options.reset_positions:
+        rows = positions if shard is None else positions[:, shard.index]
+        return rope_cache[rows], mask
+    return (rope_cache if shard is None else rope_cache[shard.index]), mask
 
 
 class Transformer(nn.Module):
@@ -274,10 +275,18 @@ class Transformer(nn.Module):
         )
 
     def forward(
-        self, tokens: torch.Tensor, cache: KVCache | None = None, start_pos: int = 0
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache | None = None,
+        start_pos: int = 0,
+        positions: torch.Tensor | None = None,
+        sequence_shard: SequenceShardLike | None = None,
     ) -> torch.Tensor:
         """tokens (bs, seqlen) int -> logits (bs, seqlen, vocab_size).
 
+        ``positions`` (bs, seqlen): each token's position in its document (0 where one starts),
+        for document masking and per-document RoPE (``args.attention``). ``sequence_shard``:
+        tokens are a context-parallel rank's share of the sequence (``positions`` is whole).
         In a pipeline stage without tok_embeddings the input is hidden states (bs, seqlen, dim),
         and without output (or with ``defer_head``) the model returns the hidden states.
         Inference: with ``cache``, tokens are positions ``start_pos ...`` of the sequences whose
@@ -288,8 +297,9 @@ class Transformer(nn.Module):
         h = _in_autocast_dtype(h)
         if cache is not None:
             return self._head(self._cached_layers(h, cache, start_pos))
+        rope, mask = rope_and_mask(self.args.attention, self.rope_cache, positions, sequence_shard)
         for layer in self.layers.values():
-            h = layer(h, self.rope_cache)
+            h = layer(h, rope, mask=mask)
         return self._head(h)
 
     def _cached_layers(self, h: torch.Tensor, cache: KVCache, start_pos: int) -> torch.Tensor:

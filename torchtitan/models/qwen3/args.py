@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torchtitan.models.common.masks import AttentionOptions
 from torchtitan.models.common.moe import MoEArgs
 
 
@@ -26,6 +27,7 @@ class Qwen3Args:
     tie_embeddings: bool  # the output head shares the token embedding table
     moe: MoEArgs | None = None  # every block MoE (Qwen3-MoE's decoder_sparse_step 1)
     depth_init: bool = True  # scale output-projection init by layer depth rather than n_layers
+    attention: AttentionOptions = AttentionOptions()  # kernel, mask, per-document RoPE
 
     @property
     def kv_heads(self) -> int:
@@ -92,6 +94,7 @@ class Qwen3Args:
         return 6 * self.active_params(include_embedding=False) + attn
 
     def validate(self) -> None:
+        self.attention.validate()
         sizes = ("dim", "n_layers", "n_heads", "head_dim", "vocab_size", "ffn_hidden_dim")
         for name in (*sizes, "max_seq_len"):
             if getattr(self, name) <= 0:

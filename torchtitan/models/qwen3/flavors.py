@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from torchtitan.config import ConfigError, Model, suggest
+from torchtitan.models.common.masks import attention_options
 from torchtitan.models.common.moe import MoEArgs
 from torchtitan.models.qwen3.args import Qwen3Args
 
@@ -116,7 +117,8 @@ def model_args_from_config(model: Model, seq_len: int) -> Qwen3Args:
             "--model.ffn_dim_multiplier is a Llama 3 option; Qwen3 flavors set ffn_hidden_dim"
         )
     try:
-        args = get_model_args(model.flavor, max_seq_len=seq_len, **overrides)
+        attention = attention_options(model)
+        args = get_model_args(model.flavor, max_seq_len=seq_len, attention=attention, **overrides)
         return _with_moe_options(args, model)
     except ValueError as e:
         changed = ", ".join(f"{k}={v}" for k, v in overrides.items())

@@ -15,6 +15,7 @@ import math
 import torch
 from torch import nn
 
+from torchtitan.models.common.masks import AttentionMask, SequenceShardLike
 from torchtitan.models.common.moe import MoE
 from torchtitan.models.llama3.kv_cache import KVCache, LayerKVCache
 from torchtitan.models.llama3.model import (
@@ -22,6 +23,7 @@ from torchtitan.models.llama3.model import (
     FeedForward,
     RMSNorm,
     precompute_rope_cache,
+    rope_and_mask,
 )
 from torchtitan.models.llama3.model import Attention as LlamaAttention
 from torchtitan.models.qwen3.args import Qwen3Args
@@ -85,11 +87,14 @@ class TransformerBlock(nn.Module):
         rope_cache: torch.Tensor,
         kv_cache: LayerKVCache | None = None,
         start_pos: int = 0,
+        mask: AttentionMask = None,
     ) -> torch.Tensor:
-        # The cache arguments by keyword: a TP plan's PrepareModuleInput lays out the positional
+        # The cache and mask by keyword: a TP plan's PrepareModuleInput lays out the positional
         # inputs only (hidden states, RoPE cache).
         attention_in = self.attention_norm(x)
-        h = x + self.attention(attention_in, rope_cache, kv_cache=kv_cache, start_pos=start_pos)
+        h = x + self.attention(
+            attention_in, rope_cache, kv_cache=kv_cache, start_pos=start_pos, mask=mask
+        )
         ffn = self.moe if self.is_moe else self.feed_forward
         return h + ffn(self.ffn_norm(h))
 
@@ -146,10 +151,18 @@ class Qwen3Transformer(nn.Module):
         return precompute_rope_cache(a.head_dim, a.max_seq_len, a.rope_theta)
 
     def forward(
-        self, tokens: torch.Tensor, cache: KVCache | None = None, start_pos: int = 0
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache | None = None,
+        start_pos: int = 0,
+        positions: torch.Tensor | None = None,
+        sequence_shard: SequenceShardLike | None = None,
     ) -> torch.Tensor:
         """tokens (bs, seqlen) int -> logits (bs, seqlen, vocab_size).
 
+        ``positions`` (bs, seqlen): each token's position in its document (0 where one starts),
+        for document masking and per-document RoPE (``args.attention``). ``sequence_shard``:
+        tokens are a context-parallel rank's share of the sequence (``positions`` is whole).
         In a pipeline stage without tok_embeddings the input is hidden states (bs, seqlen, dim),
         and without output (or with ``defer_head``) the model returns the hidden states.
         Inference: with ``cache`` (llama3's ``KVCache``, built from these args), tokens are
@@ -159,8 +172,9 @@ class Qwen3Transformer(nn.Module):
         h = _in_autocast_dtype(h)
         if cache is not None:
             return self._head(self._cached_layers(h, cache, start_pos))
+        rope, mask = rope_and_mask(self.args.attention, self.rope_cache, positions, sequence_shard)
         for layer in self.layers.values():
-            h = layer(h, self.rope_cache)
+            h = layer(h, rope, mask=mask)
         return self._head(h)
 
     def _cached_layers(self, h: torch.Tensor, cache: KVCache, start_pos: int) -> torch.Tensor:
