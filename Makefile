@@ -4,7 +4,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= dev,triton-interpreter
+EXTRAS ?= dev,triton-interpreter,ft
 
 .PHONY: train test lint
 $(VENV)/.installed: pyproject.toml
