@@ -32,6 +32,7 @@ from torchtitan.data.loader import resolve_workers
 from torchtitan.data.sources import resolve_source
 from torchtitan.data.splits import about_validation, validation_dataset
 from torchtitan.data.tokenizer import JsonTokenizer, Tokenizer, TokenizerError, load_tokenizer
+from torchtitan.fault_tolerance import fault_tolerance_problem, replica_groups
 from torchtitan.float8.convert import check_float8
 from torchtitan.kernels.inplace_loss import in_place_problem
 from torchtitan.models import model_args_from_config
@@ -173,6 +174,7 @@ def check_job(cfg: JobConfig, world_size: int) -> CheckedJob:
             torch.cuda.is_available(),
             cfg.training.mixed_precision_param,
         ),
+        fault_tolerance_problem(cfg, dims),
     ):
         if reason:
             raise ConfigError(reason)
@@ -181,7 +183,8 @@ def check_job(cfg: JobConfig, world_size: int) -> CheckedJob:
     check_checkpoint(cfg, model_args, world_size)
     check_output_folders(cfg)
     warnings = checkpoint_space_warnings(cfg, model_args) + schedule_warnings(cfg)
-    accum_steps = gradient_accumulation_steps(cfg, dp_degree=dims.dp_degree)
+    # Replica groups (fault tolerance) share the global batch like HSDP's replicas.
+    accum_steps = gradient_accumulation_steps(cfg, dp_degree=dims.dp_degree * replica_groups(cfg))
     resolve_source(cfg.training.dataset, text_field=cfg.training.text_field)
     check_validation(cfg)
     resolve_workers(cfg.training.data_workers)

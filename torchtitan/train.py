@@ -20,6 +20,7 @@ from torchtitan.checkpoint.hf_load import load_hf_weights
 from torchtitan.checkpoint.resume_changes import run_settings
 from torchtitan.config import JobConfig, parse_args
 from torchtitan.data.loader import Batch, build_dataloader
+from torchtitan.fault_tolerance import ReplicaGroup
 from torchtitan.float8 import plain_weights, precompute_float8_scales
 from torchtitan.loss import build_summed_loss, loss_context, per_step_loss
 from torchtitan.metrics import MetricsLogger, StepStats
@@ -67,6 +68,7 @@ class Trainer:
             self.model_parts,
             cfg.parallelism.context_parallel_rotate_method,
         )
+        self.replicas = ReplicaGroup(cfg.fault_tolerance)  # inert without fault tolerance
         self.dataloader = self._build_dataloader()
         self._documents = 0  # documents (pieces in a sample) this rank read in the step
         # One optimizer (and lr schedule) per model part: a pipeline rank may hold several stages.
@@ -80,24 +82,27 @@ class Trainer:
             build_lr_scheduler(opt, cfg.training.steps, cfg.lr_scheduler) for opt in self.optimizers
         ]
         self.nonfinite = NonFiniteGuard(cfg.training.on_nonfinite, self.optimizers, logger)
-        global_batch = self.accum_steps * cfg.training.local_batch_size * self.dims.dp_degree
+        dp_shares = self.dims.dp_degree * self.replicas.groups
+        global_batch = self.accum_steps * cfg.training.local_batch_size * dp_shares
         self.train_state = TrainState(settings=run_settings(cfg, global_batch))
         self.checkpointer = self._build_checkpointer()
         self.step = self.checkpointer.load()
         if cfg.checkpoint.initial_load_in_hf and not self.checkpointer.resumed:
             load_hf_weights(self.model_parts, cfg.checkpoint.initial_load_path, self.model_args)
+        self.replicas.start(self)
         self.metrics = self._build_metrics()
         self.validator = self._build_validator() if cfg.validation.enable else None
 
     def _build_dataloader(self):
         t = self.cfg.training
+        dp_rank, dp_shares = self.replicas.data_split(self.dims)
         loader = build_dataloader(
             t.dataset,
             self.tokenizer,
             seq_len=t.seq_len,
             local_batch_size=t.local_batch_size,
-            dp_rank=self.dims.dp_rank if dist.is_initialized() else 0,
-            dp_world_size=self.dims.dp_degree,
+            dp_rank=dp_rank,
+            dp_world_size=dp_shares,
             text_field=t.text_field,
             num_workers=t.data_workers,
             join_documents=t.join_documents,
@@ -284,6 +289,7 @@ class Trainer:
     def train_step(self, data_iter) -> StepStats:
         precompute_float8_scales(self.model_parts, self.cfg.float8)
         loss, data_seconds = self.forward_backward(data_iter)
+        loss = self.replicas.replica_mean(loss)
         params = [p for part in self.model_parts for p in part.parameters()]
         pp_group = self.dims.mesh("pp").get_group() if self.dims.pp > 1 else None
         # Earlier steps' non-finite flags, those already on the host: no wait for the GPU.
@@ -291,14 +297,17 @@ class Trainer:
         grad_norm = clip_grad_norm(params, self.cfg.training.max_norm, pp_group, self.optimizers)
         lr = self.optimizers[0].param_groups[0]["lr"]  # what this step uses
         # Both values are global (data-parallel mean loss, global norm): every rank decides alike.
-        apply_update = self.nonfinite.before_optimizer_step(self.step, loss, grad_norm)
+        commit = self.replicas.should_commit()  # False: a replica group died in the step
+        apply_update = commit and self.nonfinite.before_optimizer_step(self.step, loss, grad_norm)
         for optimizer, lr_scheduler in zip(self.optimizers, self.lr_schedulers):
             if apply_update:
                 optimizer.step()
-            lr_scheduler.step()
+            if commit:  # an uncommitted step runs again, at the same lr
+                lr_scheduler.step()
             optimizer.zero_grad(set_to_none=True)
         extra = self.balance.after_step(apply_update) if self.balance.active else {}
         extra["document_length"] = self._tokens_per_step / max(self._documents, 1)
+        extra.update(self.replicas.step_metrics(self.step))
         self._documents = 0
         return StepStats(
             step=self.step,
@@ -340,11 +349,15 @@ class Trainer:
         data_iter = iter(self.dataloader)
         with self._loop_guards() as (profiler, preemption):
             while self.step < t.steps:
+                # Fault tolerance: a rejoining group continues from the live groups' step.
+                self.step, data_iter = self.replicas.begin_step(self.step, data_iter)
                 self.step += 1
                 if self.step % t.gc_freq == 0:
                     gc.collect(1)
                 self.faults.at_step_start(self.step)
                 stats = self.train_step(data_iter)
+                if not self.replicas.committed:
+                    continue
                 profiler.step()
                 history[self.step - first - 1] = stats.loss
                 saved = self._finish_step(stats, first_step=self.step == first + 1)
@@ -385,7 +398,8 @@ class Trainer:
         self.metrics.record(stats)
         self._maybe_validate(last_step)
         self.train_state.step = self.step
-        self.train_state.tokens_seen += self._tokens_per_step * self.dims.dp_degree
+        group_tokens = self._tokens_per_step * self.dims.dp_degree
+        self.train_state.tokens_seen += group_tokens * self.replicas.live_replicas
         saved = self.checkpointer.save(self.step, last_step=last_step)
         if first_step and dist.is_initialized():
             flight_recorder.set_train_timeout(self.cfg.comm.train_timeout_seconds)
@@ -401,6 +415,7 @@ class Trainer:
         raise runtime.Preempted(self.step, signum, line)
 
     def close(self) -> None:
+        self.replicas.close()
         self.metrics.close()
         runtime.shutdown_process(self.run_lock)
 

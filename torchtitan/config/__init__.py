@@ -11,6 +11,7 @@ with one line. The package imports no other project module but ``paths``.
     base.py      Literal aliases, choices, suggest, ConfigError, opt, Section
     sections.py  the [section] dataclasses of the job, model, data, checkpoints and logs
     scaling.py   the [section] dataclasses of parallelism, AC, compile, float8, experimental
+    fault_tolerance.py  the [fault_tolerance] section (replica groups through torchft)
     job.py       JobConfig: all sections, checks across them, to_toml
     parse.py     TOML + CLI reading, coercion, --help, parse_args
 """
@@ -41,6 +42,7 @@ from torchtitan.config.base import (
     opt,
     suggest,
 )
+from torchtitan.config.fault_tolerance import FaultTolerance, ReplicaBackend, SemiSyncMethod
 from torchtitan.config.job import JobConfig
 from torchtitan.config.parse import help_text, parse_args
 from torchtitan.config.scaling import (
@@ -80,6 +82,7 @@ __all__ = [
     "ExcludableState",
     "Experimental",
     "ExportDtype",
+    "FaultTolerance",
     "Float8",
     "Float8Recipe",
     "LogitsLoss",
@@ -97,10 +100,12 @@ __all__ = [
     "Parallelism",
     "PipelineSchedule",
     "Profiling",
+    "ReplicaBackend",
     "ReshardAfterForward",
     "RotateMethod",
     "SaveMatmuls",
     "Section",
+    "SemiSyncMethod",
     "Training",
     "Validation",
     "choices",

@@ -7,6 +7,7 @@ import typing
 from dataclasses import dataclass, field
 
 from torchtitan.config.base import _toml_value
+from torchtitan.config.fault_tolerance import FaultTolerance
 from torchtitan.config.scaling import (
     ActivationCheckpoint,
     Compile,
@@ -45,6 +46,7 @@ class JobConfig:
     metrics: Metrics = field(default_factory=Metrics)
     profiling: Profiling = field(default_factory=Profiling)
     comm: Comm = field(default_factory=Comm)
+    fault_tolerance: FaultTolerance = field(default_factory=FaultTolerance)
 
     def validate(self) -> None:
         """Checks that need nothing but the config itself (no files, no devices): each
