@@ -121,13 +121,13 @@ class ReplicaGroup:
             # A heal happens inside a synchronization, within the optimizer step of the step
             # the live group was in: that step is finished here too.
             adopted = self._live.take_adopted()
-            self._note_live_replicas(self.manager.num_participants() or self.groups, completed)
             continued = completed if adopted is None else adopted + 1
+            self._note_live_replicas(self.manager.num_participants() or self.groups, continued)
         else:
             self.manager.start_quorum()
-            self._note_live_replicas(self.manager.num_participants(), completed)
             self._live.take_adopted()
             continued = self.manager.current_step()
+            self._note_live_replicas(self.manager.num_participants(), continued)
         if continued == completed:
             return completed, data_iter
         return continued, iter(self._live.dataloader)
