@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= dev,triton-interpreter,ft
 
-.PHONY: train test lint
+.PHONY: train test test-all lint
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -18,6 +18,9 @@ train: $(VENV)/.installed
 	PYTHON=$(PY) ./run_train.sh $(ARGS)
 
 test: $(VENV)/.installed
+	$(PY) -m pytest -q -n 2 --dist worksteal -m "not slow" tests
+
+test-all: $(VENV)/.installed
 	$(PY) -m pytest -q -n 2 --dist worksteal tests
 
 lint: $(VENV)/.installed

@@ -1,8 +1,9 @@
-"""Document masking under every parallelism, from one seed checkpoint: FSDP2 x TP2, PP2 (the
-mask built per microbatch on every stage), FSDP2 x CP2 (keys and values gathered over the CP
-ranks, the queries' rows of the mask; per-document RoPE) reproduce the single-process curve with
-document masking, which differs from the causal one. A resume mid-run continues bitwise with
-documents joined in pairs (the loader state then carries the document count)."""
+"""Document masking under every parallelism, from one seed checkpoint: FSDP2 x TP2 (compiled,
+full AC), PP2 (the mask built per microbatch on every stage) and FSDP2 x CP2 (keys and values
+gathered over the CP ranks, the queries' rows of the mask; per-document RoPE) reproduce the
+single-process curve with document masking, which differs from the causal one. A resume mid-run
+continues bitwise with documents joined in pairs (the loader state then carries the document
+count)."""
 
 import shutil
 import subprocess
@@ -24,7 +25,16 @@ from tests.distributed.test_parity import RTOL
 DOCUMENT = ["--model.mask=document"]
 
 LAYOUTS = {
-    "fsdp2_tp2": (4, ["--training.local_batch_size=4", "--parallelism.tensor_parallel_degree=2"]),
+    # The dense mask through compiled blocks, under full AC.
+    "fsdp2_tp2_compile_full_ac": (
+        4,
+        [
+            "--training.local_batch_size=4",
+            "--parallelism.tensor_parallel_degree=2",
+            "--compile.enable",
+            "--activation_checkpoint.mode=full",
+        ],
+    ),
     "pp2": (
         2,
         [

@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 import sys
 
+import pytest
+
 from scripts import fault_soak
 from tests.distributed.launch import ROOT, run_checked
 
@@ -32,6 +34,7 @@ def planned(seed: int) -> list[fault_soak.Fault]:
     return [fault_soak.plan(rng, c, c, 100) for c in range(len(fault_soak.COVER))]
 
 
+@pytest.mark.slow
 def test_fault_soak(tmp_path):
     """Each cycle kills a rank (SIGKILL or SIGTERM) at a fault point or a random time and
     relaunches; the script checks the loss curve bitwise against an uninterrupted run, that no

@@ -124,6 +124,7 @@ def test_desynced_rank_ends_the_job_with_dumps_and_a_report(tmp_path):
     assert "Traceback" not in out, out[-3000:]
 
 
+@pytest.mark.slow
 def test_killed_rank_restarts_and_finishes_like_an_uninterrupted_run(tmp_path):
     """Rank 1 is SIGKILLed at step 7 of torchrun's first attempt: torchrun restarts both ranks,
     which resume from step-5 and end with the loss of an uninterrupted run. The restarted ranks

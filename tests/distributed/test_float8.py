@@ -109,6 +109,7 @@ def test_fsdp2_float8_all_gather_matches_single_process(fsdp2, reference):
     assert_matches(fsdp2, reference)
 
 
+@pytest.mark.slow
 def test_fsdp2_tp2_shard_scales_match_single_process_within_shard_scaling(
     seed_checkpoint, reference, tmp_path
 ):

@@ -271,5 +271,7 @@ def test_a_second_run_in_the_same_folder_exits_2_naming_the_holder(tmp_path):
         assert rc == 2
         for rank in (0, 1):
             assert (logs / f"rank_{rank}.log").read_text().splitlines()[-1].endswith(line)
-    assert sorted(p.name for p in out.iterdir()) == ["comm_traces", run_lock.LOCK_NAME]
-    assert not any((out / "comm_traces").iterdir())
+    # The Flight Recorder's folder may be made before a rank hears the verdict; nothing is
+    # written into it.
+    assert {p.name for p in out.iterdir()} - {"comm_traces"} == {run_lock.LOCK_NAME}
+    assert not (out / "comm_traces").exists() or not any((out / "comm_traces").iterdir())

@@ -3,6 +3,8 @@
 import re
 import subprocess
 
+import pytest
+
 from tests.distributed.launch import ROOT
 
 SCRIPT = ROOT / "scripts" / "layout_parity.sh"
@@ -20,6 +22,7 @@ def run(*args, timeout=300) -> subprocess.CompletedProcess:
     return subprocess.run(env_cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_fsdp2_reproduces_the_reference(tmp_path):
     out = run(tmp_path / "parity", "fsdp2:2:--training.local_batch_size 4", *COMMON)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -73,6 +73,7 @@ def test_resume_under_another_layout(layout, uninterrupted, tmp_path):
     assert_steps_6_to_10_continue(uninterrupted, tmp_path)
 
 
+@pytest.mark.slow
 def test_fsdp8_checkpoint_resumes_under_pp2_fsdp2_tp2(seed_checkpoint, tmp_path):
     """The CPU form of issue #8's "save under FSDP8, resume under PP2xFSDP2xTP2" (8 ranks)."""
     saved, resumed = tmp_path / "fsdp8", tmp_path / "pp2_fsdp2_tp2"
