@@ -31,6 +31,11 @@ TINY_JOB = [
 ]
 
 
+def with_slow(names, slow: set[str]) -> list:
+    """Parametrize values: the names in ``slow`` marked for the slow tier (make test-all)."""
+    return [pytest.param(n, marks=pytest.mark.slow) if n in slow else n for n in names]
+
+
 def from_seed(seed_checkpoint: str, dump_folder: Path) -> list[str]:
     """Trainer arguments: start from the seed checkpoint's weights, write to ``dump_folder``."""
     return [f"--checkpoint.initial_load_path={seed_checkpoint}", f"--job.dump_folder={dump_folder}"]

@@ -8,6 +8,7 @@ grad norm; the 16-rank run takes about 85 s.
 
 import pytest
 
+from tests.distributed.launch import with_slow
 from tests.distributed.test_parity import assert_layout_matches
 
 
@@ -53,14 +54,11 @@ LAYOUTS = {
 }
 
 
-# The 16-rank 4D run is in the slow tier (make test-all): its pieces run in CI as smaller rows.
-SLOW = {"pp2_dp2_cp2_tp2_16_ranks"}
+# In the slow tier (make test-all): their pieces run in CI as smaller rows.
+SLOW = {"pp2_dp2_cp2_tp2_16_ranks", "cp4_alltoall"}
 
 
-@pytest.mark.parametrize(
-    "layout",
-    [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in LAYOUTS],
-)
+@pytest.mark.parametrize("layout", with_slow(LAYOUTS, SLOW))
 def test_context_parallel_matches_single_process(
     layout, seed_checkpoint, reference_curves, tmp_path
 ):

@@ -133,6 +133,7 @@ def outer_step(start, inner, lr=0.7, momentum=0.9, buffer=None):
     return start - lr * (delta + momentum * buffer), buffer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["local_sgd", "diloco"])
 def test_semi_sync_meets_every_five_steps(seed_checkpoint, tmp_path, method):
     steps = [a for a in TINY_JOB if not a.startswith("--training.steps")]

@@ -93,6 +93,7 @@ def test_sigterm_saves_a_checkpoint_and_resume_continues(tmp_path):
     assert read_metrics_all(tmp_path)[-1]["step"] == 10
 
 
+@pytest.mark.slow
 def test_desynced_rank_ends_the_job_with_dumps_and_a_report(tmp_path):
     """Rank 1 stalls for 120 s at step 3: rank 0's next collective ends on the 5 s train timeout
     (not the 300 s init timeout), torchrun stops rank 1, every rank dumps its Flight Recorder,

@@ -147,6 +147,7 @@ def test_pp2_matches_single_process(schedule, seed_checkpoint, reference, tmp_pa
     assert_matches(tmp_path, reference)
 
 
+@pytest.mark.slow
 def test_hsdp_float8_all_gather_matches_single_process(seed_checkpoint, reference, tmp_path):
     """Replicas of 2 FSDP shards: the float8 all-gather's amax reduction covers the shard group,
     which holds the whole weight."""
@@ -162,6 +163,7 @@ def test_hsdp_float8_all_gather_matches_single_process(seed_checkpoint, referenc
     assert_matches(tmp_path, reference)
 
 
+@pytest.mark.slow
 def test_cp2_matches_single_process_within_shard_scaling(seed_checkpoint, reference, tmp_path):
     """Each CP rank scales its half of the sequence, so the activation casts round differently
     from the whole window's; CP_RTOL still tells training without float8 (9e-4) apart."""
@@ -176,6 +178,7 @@ def test_cp2_matches_single_process_within_shard_scaling(seed_checkpoint, refere
     assert_matches(tmp_path, reference, rtol=CP_RTOL)
 
 
+@pytest.mark.slow
 def test_rowwise_tp2_full_ac_matches_single_process(seed_checkpoint, tmp_path):
     """Rowwise scales are per row of each matmul operand (a token's activations, a weight's
     output row), so no layout or batch grouping changes them (under TP the rows are whole:

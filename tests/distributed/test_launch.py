@@ -119,6 +119,7 @@ def test_ctrl_c_saves_after_the_step_and_stops(tmp_path, nproc):
     assert [r["step"] for r in read_metrics(tmp_path / "out")] == [1, 2, 3]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [None, 2], ids=["one-process", "run_train.sh-2-ranks"])
 def test_second_ctrl_c_stops_at_once_without_saving(tmp_path, nproc):
     log = tmp_path / "log.txt"
@@ -175,6 +176,7 @@ def test_a_failed_job_ends_with_its_error_and_no_dump(tmp_path, args, fault, cod
 # --------------------------------------------------------------------------- paths
 
 
+@pytest.mark.slow
 def test_run_train_sh_from_another_directory_reads_and_writes_there(tmp_path):
     """Relative paths mean the caller's directory; the bundled config and tokenizer still load."""
     here = tmp_path / "elsewhere"

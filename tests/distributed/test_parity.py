@@ -10,7 +10,14 @@ more.
 
 import pytest
 
-from tests.distributed.launch import TINY_JOB, assert_curves_match, curves, from_seed, run_trainer
+from tests.distributed.launch import (
+    TINY_JOB,
+    assert_curves_match,
+    curves,
+    from_seed,
+    run_trainer,
+    with_slow,
+)
 
 RTOL = 1e-5
 
@@ -106,7 +113,17 @@ LAYOUTS = {
 }
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+# In the slow tier (make test-all): compiled TP and CP, many-rank FSDP and HSDP are also run by
+# the compiled full-AC, CP x TP, two-node, DDP and fault-tolerance rows.
+SLOW = {
+    "fsdp2_tp2_compile_loss_selective_op",
+    "fsdp2_cp2_compile_selective_op",
+    "fsdp8",
+    "hsdp2x4",
+}
+
+
+@pytest.mark.parametrize("layout", with_slow(LAYOUTS, SLOW))
 def test_layout_matches_single_process(layout, seed_checkpoint, reference_curves, tmp_path):
     nproc, overrides = LAYOUTS[layout]
     assert_layout_matches(nproc, overrides, seed_checkpoint, reference_curves, tmp_path)

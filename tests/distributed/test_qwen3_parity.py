@@ -22,6 +22,7 @@ from tests.distributed.launch import (
     from_seed,
     read_metrics,
     run_trainer,
+    with_slow,
 )
 from tests.distributed.test_parity import RTOL
 
@@ -142,7 +143,12 @@ def imbalance(folder) -> list[float]:
     return metric(folder, "moe_load_imbalance")
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+# In the slow tier (make test-all): EP x FSDP is also run by the DeepSeek-V3 rows and compiled MoE
+# by tests/unit/test_moe.py.
+SLOW = {"moe_aux_ep2_fsdp4_accum2_compile_full_ac"}
+
+
+@pytest.mark.parametrize("layout", with_slow(LAYOUTS, SLOW))
 def test_qwen3_layout_matches_single_process(layout, references, tmp_path):
     model, nproc, overrides = LAYOUTS[layout]
     seed, reference = references(model)
