@@ -1,6 +1,6 @@
 """From a loader batch to what this rank's model is called with.
 
-Training and validation both run ``with batch_inputs(batch) as (inputs, labels, kwargs)`` around
+Training and validation both run ``with batch_inputs(*batch) as (inputs, labels, kwargs)`` around
 forward + loss (+ backward): under context parallelism ``inputs`` and ``labels`` are this rank's
 share of the sequence, and ``kwargs`` hold what the model's attention needs beyond the tokens
 (document positions; a ``SequenceShard`` under context parallelism).
