@@ -31,13 +31,10 @@ from torchtitan.models.llama3.model import (
     FeedForward,
     RMSNorm,
     apply_rope,
+    in_autocast_dtype,
     rope_and_mask,
+    trunc_normal,
 )
-
-
-def _trunc_normal(w: torch.Tensor, std: float) -> None:
-    # In place, so it also works on DTensor parameters (each rank fills its own shard).
-    nn.init.trunc_normal_(w, mean=0.0, std=std, a=-3 * std, b=3 * std)
 
 
 class SequenceGather(nn.Identity):
@@ -92,8 +89,8 @@ class Attention(nn.Module):
     def init_weights(self, out_std: float) -> None:
         names = ("wq_a", "wq") if self.q_lora_rank else ("wq",)
         for name in (*names, "wkv_a", "wkv_b"):
-            _trunc_normal(getattr(self, name).weight, INIT_STD)
-        _trunc_normal(self.wo.weight, out_std)
+            trunc_normal(getattr(self, name).weight, INIT_STD)
+        trunc_normal(self.wo.weight, out_std)
         self.kv_norm.reset_parameters()
         if self.q_lora_rank:
             self.q_norm.reset_parameters()
@@ -133,15 +130,6 @@ class TransformerBlock(nn.Module):
             self.feed_forward.init_weights(self.out_init_std)
 
 
-def _in_autocast_dtype(h: torch.Tensor) -> torch.Tensor:
-    """The residual stream in autocast's dtype, as under FSDP's mixed precision (autocast leaves
-    the embedding's output in float32, and every residual add would keep it there)."""
-    device = h.device.type
-    if h.is_floating_point() and torch.is_autocast_enabled(device):
-        return h.to(torch.get_autocast_dtype(device))
-    return h
-
-
 class DeepSeekV3Transformer(nn.Module):
     def __init__(self, args: DeepSeekV3Args):
         super().__init__()
@@ -170,7 +158,7 @@ class DeepSeekV3Transformer(nn.Module):
         (or with ``defer_head``) the model returns the hidden states. ``positions`` and
         ``sequence_shard``: as for Llama 3 (document masking, context parallelism)."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        h = _in_autocast_dtype(h)
+        h = in_autocast_dtype(h)
         rope, mask = rope_and_mask(self.args.attention, self.rope_cache, positions, sequence_shard)
         for layer in self.layers.values():
             h = layer(h, rope, mask=mask)
@@ -196,4 +184,4 @@ class DeepSeekV3Transformer(nn.Module):
             if self.norm is not None:
                 self.norm.reset_parameters()
             if self.output is not None:
-                _trunc_normal(self.output.weight, self.args.dim**-0.5)
+                trunc_normal(self.output.weight, self.args.dim**-0.5)

@@ -50,7 +50,7 @@ class RMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
 
-def _trunc_normal(w: torch.Tensor, std: float) -> None:
+def trunc_normal(w: torch.Tensor, std: float) -> None:
     # In place, so it also works on DTensor parameters (each rank fills its own shard).
     nn.init.trunc_normal_(w, mean=0.0, std=std, a=-3 * std, b=3 * std)
 
@@ -165,8 +165,8 @@ class Attention(nn.Module):
 
     def init_weights(self, out_std: float) -> None:
         for w in (self.wq, self.wk, self.wv):
-            _trunc_normal(w.weight, INIT_STD)
-        _trunc_normal(self.wo.weight, out_std)
+            trunc_normal(w.weight, INIT_STD)
+        trunc_normal(self.wo.weight, out_std)
 
 
 class FeedForward(nn.Module):
@@ -180,9 +180,9 @@ class FeedForward(nn.Module):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
     def init_weights(self, out_std: float) -> None:
-        _trunc_normal(self.w1.weight, INIT_STD)
-        _trunc_normal(self.w3.weight, INIT_STD)
-        _trunc_normal(self.w2.weight, out_std)
+        trunc_normal(self.w1.weight, INIT_STD)
+        trunc_normal(self.w3.weight, INIT_STD)
+        trunc_normal(self.w2.weight, out_std)
 
 
 class TransformerBlock(nn.Module):
@@ -220,7 +220,7 @@ class TransformerBlock(nn.Module):
         self.feed_forward.init_weights(self.out_init_std)
 
 
-def _in_autocast_dtype(h: torch.Tensor) -> torch.Tensor:
+def in_autocast_dtype(h: torch.Tensor) -> torch.Tensor:
     """The residual stream in autocast's dtype, as under FSDP's mixed precision.
 
     The trainer runs bf16 autocast over fp32 weights where no FSDP casts (GPU layouts without
@@ -294,7 +294,7 @@ class Transformer(nn.Module):
         keys/values are added to it.
         """
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        h = _in_autocast_dtype(h)
+        h = in_autocast_dtype(h)
         if cache is not None:
             return self._head(self._cached_layers(h, cache, start_pos))
         rope, mask = rope_and_mask(self.args.attention, self.rope_cache, positions, sequence_shard)
@@ -335,4 +335,4 @@ class Transformer(nn.Module):
             if self.norm is not None:
                 self.norm.reset_parameters()
             if self.output is not None:
-                _trunc_normal(self.output.weight, self.args.dim**-0.5)
+                trunc_normal(self.output.weight, self.args.dim**-0.5)

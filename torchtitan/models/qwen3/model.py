@@ -22,17 +22,14 @@ from torchtitan.models.llama3.model import (
     INIT_STD,
     FeedForward,
     RMSNorm,
+    in_autocast_dtype,
     precompute_rope_cache,
     rope_and_mask,
+    trunc_normal,
 )
 from torchtitan.models.llama3.model import Attention as LlamaAttention
 from torchtitan.models.qwen3.args import Qwen3Args
 from torchtitan.models.qwen3.rope import apply_rope
-
-
-def _trunc_normal(w: torch.Tensor, std: float) -> None:
-    # In place, so it also works on DTensor parameters (each rank fills its own shard).
-    nn.init.trunc_normal_(w, mean=0.0, std=std, a=-3 * std, b=3 * std)
 
 
 class Attention(LlamaAttention):
@@ -108,15 +105,6 @@ class TransformerBlock(nn.Module):
             self.feed_forward.init_weights(self.out_init_std)
 
 
-def _in_autocast_dtype(h: torch.Tensor) -> torch.Tensor:
-    """The residual stream in autocast's dtype, as under FSDP's mixed precision (autocast leaves
-    the embedding's output in float32, and every residual add would keep it there)."""
-    device = h.device.type
-    if h.is_floating_point() and torch.is_autocast_enabled(device):
-        return h.to(torch.get_autocast_dtype(device))
-    return h
-
-
 class Qwen3Transformer(nn.Module):
     def __init__(self, args: Qwen3Args):
         super().__init__()
@@ -169,7 +157,7 @@ class Qwen3Transformer(nn.Module):
         positions ``start_pos ...`` of sequences whose earlier positions the cache holds.
         """
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        h = _in_autocast_dtype(h)
+        h = in_autocast_dtype(h)
         if cache is not None:
             return self._head(self._cached_layers(h, cache, start_pos))
         rope, mask = rope_and_mask(self.args.attention, self.rope_cache, positions, sequence_shard)
@@ -211,7 +199,7 @@ class Qwen3Transformer(nn.Module):
             self.init_rope_cache(buffer_device)
             if self.tok_embeddings is not None:
                 if self.args.tie_embeddings:
-                    _trunc_normal(self.tok_embeddings.weight, head_std)
+                    trunc_normal(self.tok_embeddings.weight, head_std)
                 else:
                     nn.init.normal_(self.tok_embeddings.weight, mean=0.0, std=1.0)
             for layer in self.layers.values():
@@ -219,7 +207,7 @@ class Qwen3Transformer(nn.Module):
             if self.norm is not None:
                 self.norm.reset_parameters()
             if self.output is not None and not self._output_is_embedding():
-                _trunc_normal(self.output.weight, head_std)
+                trunc_normal(self.output.weight, head_std)
 
     def _output_is_embedding(self) -> bool:
         """Whether the head's weight is the embedding table's very tensor (tied, both here)."""
