@@ -18,7 +18,14 @@ from torchtitan.config import ASSETS, ConfigError, parse_args
 from torchtitan.data.loader import build_dataloader
 from torchtitan.data.tokenizer import load_tokenizer
 from torchtitan.models.common.attention import attention_problem
-from torchtitan.models.common.masks import AttentionOptions, build_mask, document_ids
+from torchtitan.models.common.masks import (
+    FLEX_BLOCK,
+    AttentionOptions,
+    build_mask,
+    dense_document_mask,
+    document_block_mask,
+    document_ids,
+)
 from torchtitan.models.deepseek_v3.flavors import get_model_args as deepseek_v3_args
 from torchtitan.models.deepseek_v3.model import DeepSeekV3Transformer
 from torchtitan.models.llama3 import ModelArgs, Transformer
@@ -140,6 +147,42 @@ def test_dense_mask_is_document_causal():
         dtype=torch.bool,
     )
     assert torch.equal(allowed, expected)
+
+
+def _block_pairs(counts: torch.Tensor, indices: torch.Tensor) -> set[tuple[int, int, int]]:
+    """(batch, q block, kv block) of a BlockMask's count and index lists."""
+    return {
+        (b, q, int(indices[b, 0, q, i]))
+        for b in range(counts.shape[0])
+        for q in range(counts.shape[2])
+        for i in range(int(counts[b, 0, q]))
+    }
+
+
+@pytest.mark.parametrize("cp_rank", [None, 0, 1])
+def test_flex_block_mask_means_the_dense_mask(cp_rank):
+    """Element by element the BlockMask's mask function is document-causal; a skipped block pair
+    holds no visible key, a full one only visible keys, a partial one some (CP2 rank 0 or 1:
+    its queries are the rank's share of the sequence, looked up through an index)."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    seq = 8 * FLEX_BLOCK
+    lengths = ([100, 300, 1, 500, 123], [1024], [128, 128, 600, 168])
+    positions = torch.cat([torch.cat([torch.arange(n) for n in row])[None] for row in lengths])
+    dense = dense_document_mask(positions).allowed[:, 0]
+    q_index = None if cp_rank is None else sequence_index(seq, cp_rank, 2)
+    if q_index is not None:
+        dense = dense[:, q_index]
+    mask = document_block_mask(document_ids(positions), q_index)
+    elements = create_mask(mask.mask_mod, len(lengths), 1, dense.shape[1], seq)[:, 0]
+    assert torch.equal(elements, dense)
+    blocks = dense.unflatten(1, (-1, FLEX_BLOCK)).unflatten(3, (-1, FLEX_BLOCK))
+    visible = blocks.any(dim=(2, 4))  # (batch, q block, kv block)
+    full = blocks.all(dim=(2, 4))
+    partial = _block_pairs(mask.kv_num_blocks, mask.kv_indices)
+    complete = _block_pairs(mask.full_kv_num_blocks, mask.full_kv_indices)
+    assert complete == {tuple(i) for i in full.nonzero().tolist()}
+    assert partial == {tuple(i) for i in (visible & ~full).nonzero().tolist()}
 
 
 @pytest.mark.parametrize(

@@ -179,6 +179,7 @@ def document_block_mask(
     from torch.nn.attention.flex_attention import BlockMask
 
     kv_len = doc.shape[1]
+    gathered_queries = q_index is not None
     if q_index is None:
         q_index = torch.arange(kv_len, device=doc.device)
     q_len = q_index.numel()
@@ -200,19 +201,26 @@ def document_block_mask(
     full_counts, full_indices = _block_lists(all_visible)
 
     def document_causal(b, h, q, kv):
+        return (doc[b, q] == doc[b, kv]) & (q >= kv)
+
+    def gathered_document_causal(b, h, q, kv):  # queries are a CP rank's share of the sequence
         q_pos = q_index[q]
         return (doc[b, q_pos] == doc[b, kv]) & (q_pos >= kv)
 
     def causal(b, h, q, kv):
         return q >= kv
 
+    if one_document:
+        mask_mod = causal
+    else:
+        mask_mod = gathered_document_causal if gathered_queries else document_causal
     return BlockMask.from_kv_blocks(
         kv_counts,
         kv_indices,
         full_counts,
         full_indices,
         BLOCK_SIZE=FLEX_BLOCK,
-        mask_mod=causal if one_document else document_causal,
+        mask_mod=mask_mod,
         seq_lengths=(q_len, kv_len),
     )
 
