@@ -68,7 +68,7 @@ class Trainer:
             self.model_parts,
             cfg.parallelism.context_parallel_rotate_method,
         )
-        self.replicas = ReplicaGroup(cfg.fault_tolerance)  # inert without fault tolerance
+        self.replicas = ReplicaGroup(cfg.fault_tolerance, self.faults)  # inert without FT
         self.dataloader = self._build_dataloader()
         self._documents = 0  # documents (pieces in a sample) this rank read in the step
         # One optimizer (and lr schedule) per model part: a pipeline rank may hold several stages.
@@ -297,7 +297,7 @@ class Trainer:
         grad_norm = clip_grad_norm(params, self.cfg.training.max_norm, pp_group, self.optimizers)
         lr = self.optimizers[0].param_groups[0]["lr"]  # what this step uses
         # Both values are global (data-parallel mean loss, global norm): every rank decides alike.
-        commit = self.replicas.should_commit()  # False: a replica group died in the step
+        commit = self.replicas.should_commit(self.step)  # False: a group died in the exchange
         apply_update = commit and self.nonfinite.before_optimizer_step(self.step, loss, grad_norm)
         for optimizer, lr_scheduler in zip(self.optimizers, self.lr_schedulers):
             if apply_update:

@@ -5,6 +5,8 @@ group), a lighthouse on localhost, from the session's seed checkpoint.
   parity suite) and the groups' weights are bitwise equal after every step;
 * a group SIGKILLed at a step: the other continues alone (1 live replica), the group restarted by
   torchrun rejoins with weights bitwise equal to the survivor's from its first step back;
+* a group SIGKILLed between the step's exchange and its commit: the survivor commits the step
+  (it holds both groups' gradients) and continues alone, the restarted group heals from it;
 * LocalSGD and DiLoCo, sync_every 5: weights equal right after a synchronization and apart in
   between, the outer step as the algorithm defines it, 1/5 of the synchronous exchange.
 
@@ -101,33 +103,56 @@ def test_replica_groups_train_like_one_job(seed_checkpoint, reference_curves, tm
     assert digests(probe, 0) == digests(probe, 1) and len(digests(probe, 0)) == 6
 
 
-# In the slow tier: its step numbering depends on which group reaches the first quorum first
-# (it passes under load and fails on an idle machine), to be made deterministic.
-@pytest.mark.slow
-def test_killed_group_drops_out_and_rejoins_with_the_live_weights(seed_checkpoint, tmp_path):
-    """Group 1's rank 0 is SIGKILLed at the start of step 3 (it has joined the step's quorum, so
-    group 0's gradient exchange fails and the step is run again without it); torchrun restarts
-    group 1, which heals from group 0 while group 0 waits out a delay at step 4."""
+# Whichever group starts first waits at step 1, so the other joins by step 2 at the latest; the
+# group restarted after a kill waits before rejoining, so the survivor reruns or continues the
+# step alone first; the survivor waits at step 5, so the restarted group is back before it ends.
+START = "delay:rank=0:step=1:seconds=6:attempt=0"
+REJOIN_LATE = "delay:step=0:at=join:seconds=10:attempt=1"
+SURVIVOR = f"{START};delay:rank=0:step=5:seconds=25"
+
+
+def run_kill(tmp_path, seed, kill: str):
+    """Group 1's rank 0 dies by ``kill``; -> (survivor's digests, the restarted group's, the
+    survivor's log, its metrics rows by step)."""
     steps = [a for a in TINY_JOB if not a.startswith("--training.steps")]
     args = [*steps, "--training.steps=8", "--training.local_batch_size=2"]
-    faults = ("delay:rank=0:step=4:seconds=12", "kill:rank=0:step=3:attempt=0")
-    begin = time.monotonic()
-    dumps, probe, outputs = run_groups(tmp_path, seed_checkpoint, args, 1, faults)
+    faults = (SURVIVOR, f"{START};{kill};{REJOIN_LATE}")
+    dumps, probe, outputs = run_groups(tmp_path, seed, args, 1, faults)
     survivor, rejoined = digests(probe, 0), digests(probe, 1)
-    assert "1 of 2 replica groups live from step 3" in outputs[0], outputs[0][-3000:]
-    assert "2 of 2 replica groups live from step" in outputs[0], outputs[0][-3000:]
-    # The first quorum may form before group 1 is up: then it heals at step 2 already.
-    back = min(step for step in rejoined if step > 3)
-    # Either group may start first and train step 1 alone; the other then heals from it.
-    first = min(survivor)
+    first = min(survivor)  # 2 when group 1 trained step 1 alone and group 0 healed from it
     assert first <= 2 and sorted(survivor) == list(range(first, 9)), sorted(survivor)
-    assert set(range(back, 9)) <= set(rejoined) and 3 not in rejoined
-    for step, digest in rejoined.items():
-        assert digest == survivor[step], f"step {step}: weights differ"
-    live = {r["step"]: r["live_replicas"] for r in read_metrics(dumps[0])}
-    assert live[3] == 1 and live[8] == 2, live
-    stall = max(r["step_seconds"] for r in read_metrics(dumps[0]) if r["step"] == 3)
-    print(f"kill to rejoin: {time.monotonic() - begin:.0f}s run, step 3 took {stall:.1f}s")
+    back = min(step for step in rejoined if step > 3)  # the restarted group's first step
+    assert set(range(back, 9)) <= set(rejoined), sorted(rejoined)
+    for step in set(rejoined) & set(survivor):
+        assert rejoined[step] == survivor[step], f"step {step}: weights differ"
+    assert f"2 of 2 replica groups live from step {back}" in outputs[0], outputs[0][-3000:]
+    return survivor, rejoined, outputs[0], {r["step"]: r for r in read_metrics(dumps[0])}
+
+
+def test_killed_group_drops_out_and_rejoins_with_the_live_weights(seed_checkpoint, tmp_path):
+    """Group 1's rank 0 is SIGKILLed at the start of step 3, once it has joined the step's
+    quorum: group 0's exchange fails, the step does not commit, and group 0 runs it again alone;
+    torchrun restarts group 1, which heals from group 0 and trains on in step with it."""
+    survivor, rejoined, log, rows = run_kill(
+        tmp_path, seed_checkpoint, "kill:rank=0:step=3:attempt=0"
+    )
+    assert "1 of 2 replica groups live from step 3" in log, log[-3000:]
+    assert 3 not in rejoined
+    assert rows[3]["live_replicas"] == 1 and rows[8]["live_replicas"] == 2, rows
+    print(f"step 3 with the kill took {rows[3]['step_seconds']:.1f}s")
+
+
+def test_group_killed_between_exchange_and_commit(seed_checkpoint, tmp_path):
+    """Group 1's rank 0 is SIGKILLed after step 3's gradients crossed the groups, before its
+    commit vote: group 0 holds a complete step and commits it (both groups' data), continues
+    alone from step 4, and the restarted group 1 heals from it."""
+    kill = "kill:rank=0:step=3:at=commit:attempt=0"
+    survivor, rejoined, log, rows = run_kill(tmp_path, seed_checkpoint, kill)
+    assert "1 of 2 replica groups live from step 4" in log, log[-3000:]
+    step3 = rows[3]
+    assert step3["live_replicas"] == 2 and step3["tokens_trained"] == 8 * 64, step3
+    assert step3["replica_allreduce_elements"] == PARAMETERS_PER_RANK + 1, step3
+    assert rows[4]["live_replicas"] == 1, rows[4]
 
 
 def outer_step(start, inner, lr=0.7, momentum=0.9, buffer=None):

@@ -32,6 +32,10 @@ def test_fault_spec_parsing():
         fi.Fault("nan_loss", 4),
         fi.Fault("crash", 5, 1),
     )
+    assert fi.parse("kill:rank=0:step=3:at=commit") == (fi.Fault("kill", 3, 0, at="commit"),)
+    assert fi.parse("delay:step=0:at=join:seconds=9") == (
+        fi.Fault("delay", 0, None, 9.0, at="join"),
+    )
     assert fi.parse("") == ()
 
 

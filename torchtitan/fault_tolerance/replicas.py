@@ -4,8 +4,10 @@ trainer calls (inert when ``[fault_tolerance] enable`` is off).
 Per step, synchronous (``semi_sync none``): ``begin_step`` joins the quorum (a group that comes
 back heals here from a live peer, before its forward), the backward averages gradients across
 the live groups (``gradients.py``), ``replica_mean`` averages the loss, and ``should_commit``
-says whether the step counts: when a group died during it, no group commits, and the step is
-run again (with the next batch) by the groups still alive. The lr schedule steps with committed
+says whether the step counts: when a group died during the exchange, the others' collectives
+failed, no group commits, and the step is run again (with the next batch) by the groups still
+alive; a group that dies after the exchange leaves the others a complete step, which they commit
+(torchft's commit vote is among the ranks of one group). The lr schedule steps with committed
 steps only. Semi-synchronous (``local_sgd``, ``diloco``): every step is local and commits; the
 groups meet every ``sync_every`` steps inside the optimizer step (``semi_sync.py``).
 """
@@ -22,6 +24,7 @@ from torchtitan.config import ConfigError, FaultTolerance
 from torchtitan.fault_tolerance.gradients import average_across_replicas
 from torchtitan.fault_tolerance.live_state import LiveState
 from torchtitan.fault_tolerance.probe import WeightsProbe
+from torchtitan.observability.fault_injection import FaultInjector
 from torchtitan.parallel.dims import ParallelDims
 
 if TYPE_CHECKING:
@@ -31,8 +34,9 @@ logger = logging.getLogger("torchtitan")
 
 
 class ReplicaGroup:
-    def __init__(self, cfg: FaultTolerance):
+    def __init__(self, cfg: FaultTolerance, faults: FaultInjector | None = None):
         self.cfg = cfg
+        self.faults = faults or FaultInjector(0, faults=())
         self.enabled = cfg.enable
         self.groups = cfg.group_size if cfg.enable else 1
         self.semi_sync = cfg.semi_sync != "none"
@@ -66,6 +70,7 @@ class ReplicaGroup:
             )
         from torchtitan.fault_tolerance.manager import build_manager
 
+        self.faults.at_point("join", trainer.step)
         loaded = bool(trainer.cfg.checkpoint.initial_load_path) or trainer.checkpointer.resumed
         self.manager = build_manager(self.cfg, trainer.device, init_sync=not loaded)
         model_parts, optimizers, step = trainer.model_parts, trainer.optimizers, trainer.step
@@ -140,8 +145,11 @@ class ReplicaGroup:
         average_across_replicas(self.manager, value)
         return value
 
-    def should_commit(self) -> bool:
-        """Whether this step's update is applied (every rank calls it once per step)."""
+    def should_commit(self, step: int) -> bool:
+        """Whether ``step``'s update is applied (every rank calls it once per step, after the
+        step's exchange across groups)."""
+        if self.enabled:
+            self.faults.at_point("commit", step)
         self.committed = not self.enabled or self.semi_sync or bool(self.manager.should_commit())
         return self.committed
 

@@ -11,7 +11,10 @@ A fault is ``kind`` followed by ``:key=value`` fields. ``step`` is required, ``r
 ``at`` (crash, kill, term, delay) is where in the step it fires: ``step`` (the default: at its
 start), ``save`` (this rank starts writing the step's checkpoint: in the training thread for a
 synchronous save, in the background one for an asynchronous save) or ``saved`` (this rank's
-write is complete, ``.metadata`` included, and the ``step-N.tmp`` folder is not yet renamed).
+write is complete, ``.metadata`` included, and the ``step-N.tmp`` folder is not yet renamed);
+with fault tolerance on, also ``join`` (before the trainer joins the replica groups; ``step`` is
+the step it starts from, 0 from a seed) or ``commit`` (after the step's exchange across replica
+groups, before its commit vote).
 Kinds and what ``maybe_inject(kind, step, rank)`` does when one matches:
 
 =================  ==============================================================================
@@ -43,7 +46,7 @@ from dataclasses import dataclass
 logger = logging.getLogger("torchtitan")
 
 ENV = "TORCHTITAN_FAULT"
-POINTS = ("step", "save", "saved")  # where in a step a fault with ``at`` fires
+POINTS = ("step", "save", "saved", "join", "commit")  # where a fault with ``at`` fires
 _PLACED = frozenset({"rank", "attempt", "at"})
 # kind -> (required fields, optional fields)
 KINDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
