@@ -1,16 +1,18 @@
 """The trainer's side of Mixture-of-Experts load balancing, once per optimizer step.
 
-Each MoE layer counts the tokens its router sent to each expert. After the step the counts of
-every rank that saw different tokens (data- and context-parallel ranks) are summed in one
-all-reduce, so every rank updates its per-expert selection bias from the same loads and the
-biases stay identical without being communicated. The step's load imbalance (max / mean tokens
-per expert of the worst layer) and the auxiliary loss go to the metrics.
+Each MoE layer counts the tokens its router sent to each expert. Before the step commits the counts
+of every rank that saw different tokens (data- and context-parallel ranks) are summed in one
+all-reduce, and averaged over the live replica groups under fault tolerance (the sign rule of the
+bias update is scale-free), so every rank updates its per-expert selection bias from the same loads
+and the biases stay identical without being communicated. The step's load imbalance (max / mean
+tokens per expert of the worst layer) and the auxiliary loss go to the metrics.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -35,7 +37,8 @@ class ExpertBalance:
     rank must hold MoE layers, as a flavor with MoE in every block guarantees).
     ``forwards_per_step``: how often each layer runs per optimizer step (gradient accumulation x
     pipeline microbatches); the auxiliary loss of each forward is weighted by its inverse, as the
-    training loss of a micro-batch is.
+    training loss of a micro-batch is. ``across_replicas``: the mean of a tensor over the live
+    replica groups (fault tolerance; identity without).
     """
 
     def __init__(
@@ -45,7 +48,9 @@ class ExpertBalance:
         forwards_per_step: int,
         group: dist.ProcessGroup | None = None,
         pp_group: dist.ProcessGroup | None = None,
+        across_replicas: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
+        self.across_replicas = across_replicas or (lambda loads: loads)
         self.layers = [(name, moe) for part in model_parts for name, moe in moe_layers(part)]
         self.n_layers = n_layers  # of the whole model, whatever this stage holds
         self.group, self.pp_group = group, pp_group
@@ -68,11 +73,16 @@ class ExpertBalance:
             f"dropless (every token reaches all of its experts); {balance}; {aux}"
         )
 
-    def after_step(self, update_bias: bool) -> dict[str, torch.Tensor | float]:
-        """Sum the step's expert loads over ``group``, update the selection biases (unless the
-        step was skipped) and return the step's balance metrics."""
+    def collect_loads(self) -> torch.Tensor:
+        """The step's expert loads (layers, experts), summed over ``group`` and averaged over
+        the replica groups; resets the layers' counters."""
+        loads = collect_expert_loads([moe for _, moe in self.layers], self.group)
+        return self.across_replicas(loads)
+
+    def after_step(self, loads: torch.Tensor, update_bias: bool) -> dict[str, torch.Tensor | float]:
+        """Update the selection biases from ``loads`` (unless the step was skipped) and return
+        the step's balance metrics."""
         moes = [moe for _, moe in self.layers]
-        loads = collect_expert_loads(moes, self.group)
         if update_bias:
             update_expert_biases(moes, loads)
         metrics = self._worst_layer(loads)

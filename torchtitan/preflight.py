@@ -174,7 +174,7 @@ def check_job(cfg: JobConfig, world_size: int) -> CheckedJob:
             torch.cuda.is_available(),
             cfg.training.mixed_precision_param,
         ),
-        fault_tolerance_problem(cfg, dims),
+        fault_tolerance_problem(cfg, dims, model_args),
     ):
         if reason:
             raise ConfigError(reason)

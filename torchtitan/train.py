@@ -61,6 +61,7 @@ class Trainer:
         self.model_parts, self.schedule, self.stage_plan = build_model_parts(
             cfg, self.model_args, self.dims, self.device, self.step_loss
         )
+        self.replicas = ReplicaGroup(cfg.fault_tolerance, self.faults)  # inert without FT
         self.balance = self._build_expert_balance()
         self.batch_inputs = BatchInputs(
             self.model_args.attention,
@@ -68,7 +69,6 @@ class Trainer:
             self.model_parts,
             cfg.parallelism.context_parallel_rotate_method,
         )
-        self.replicas = ReplicaGroup(cfg.fault_tolerance, self.faults)  # inert without FT
         self.dataloader = self._build_dataloader()
         self._documents = 0  # documents (pieces in a sample) this rank read in the step
         # One optimizer (and lr schedule) per model part: a pipeline rank may hold several stages.
@@ -135,6 +135,7 @@ class Trainer:
             forwards_per_step=self.accum_steps * microbatches,
             group=loads.get_group() if loads is not None and loads.size() > 1 else None,
             pp_group=dims.mesh("pp").get_group() if dims.pp > 1 else None,
+            across_replicas=self.replicas.replica_mean,
         )
         if balance.active:
             logger.info(balance.describe())
@@ -296,6 +297,7 @@ class Trainer:
         self.nonfinite.resolve()
         grad_norm = clip_grad_norm(params, self.cfg.training.max_norm, pp_group, self.optimizers)
         lr = self.optimizers[0].param_groups[0]["lr"]  # what this step uses
+        loads = self.balance.collect_loads() if self.balance.active else None  # before commit
         # Both values are global (data-parallel mean loss, global norm): every rank decides alike.
         commit = self.replicas.should_commit(self.step)  # False: a group died in the exchange
         apply_update = commit and self.nonfinite.before_optimizer_step(self.step, loss, grad_norm)
@@ -305,7 +307,7 @@ class Trainer:
             if commit:  # an uncommitted step runs again, at the same lr
                 lr_scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-        extra = self.balance.after_step(apply_update) if self.balance.active else {}
+        extra = self.balance.after_step(loads, apply_update) if loads is not None else {}
         extra["document_length"] = self._tokens_per_step / max(self._documents, 1)
         extra.update(self.replicas.step_metrics(self.step))
         self._documents = 0

@@ -23,8 +23,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.distributed.launch import TINY_JOB, from_seed, kill_tree, read_metrics, start, wait_all
+from tests.distributed.launch import (
+    TINY_JOB,
+    from_seed,
+    kill_tree,
+    read_metrics,
+    start,
+    wait_all,
+    with_slow,
+)
 from tests.distributed.test_parity import RTOL
+from tests.distributed.test_qwen3_parity import MOE, _reference, _seed
 
 LIGHTHOUSE = Path(sys.executable).with_name("torchft_lighthouse")
 PARAMETERS_PER_RANK = 6_622_464 // 2  # the debug model, FSDP over the 2 ranks of a group
@@ -101,6 +110,27 @@ def test_replica_groups_train_like_one_job(seed_checkpoint, reference_curves, tm
     # Every step: this rank's gradient shards and the loss crossed the groups.
     assert {r["replica_allreduce_elements"] for r in rows} == {PARAMETERS_PER_RANK + 1}
     assert digests(probe, 0) == digests(probe, 1) and len(digests(probe, 0)) == 6
+
+
+@pytest.mark.parametrize(
+    "layout",
+    with_slow(["ep2", "fsdp2"], {"fsdp2"}),
+)
+def test_moe_groups_agree_on_expert_biases(tmp_path_factory, tmp_path, layout):
+    """Qwen3-MoE with its per-expert selection bias, experts split over the group's 2 ranks
+    (EP2, their own FSDP modules) or sharded with the blocks: the expert gradients and the
+    expert loads are averaged over the groups before each commit, so the groups' parameters and
+    buffers (the biases) stay bitwise equal and the loss curve is the single-process one."""
+    seed = _seed(list(MOE), tmp_path_factory)
+    reference = _reference(list(MOE), seed, tmp_path_factory)
+    args = [*MOE, *TINY_JOB, "--training.local_batch_size=2"]
+    if layout == "ep2":
+        args.append("--parallelism.expert_parallel_degree=2")
+    dumps, probe, _ = run_groups(tmp_path, seed, args)
+    assert digests(probe, 0) == digests(probe, 1) and len(digests(probe, 0)) == 6
+    expected = loss_curve(reference)
+    for dump in dumps:
+        assert loss_curve(dump) == pytest.approx(expected, rel=RTOL)
 
 
 # Whichever group starts first waits at step 1, so the other joins by step 2 at the latest; the

@@ -56,4 +56,8 @@ def test_combinations_torchft_cannot_run(monkeypatch):
         "--parallelism.pipeline_parallel_degree=2",
     ]
     assert "not run with pipeline parallelism" in error_of(pipeline, world_size=2)
+    moe = [*FT, "--fault_tolerance.semi_sync=diloco", "--model.name=qwen3"]
+    moe += ["--model.flavor=debugmodel_moe"]
+    assert "MoE selection biases (buffers) would drift apart" in error_of(moe)
+    assert "would drift apart" not in error_of([*moe, "--model.moe_balance_bias=false"])
     assert "needs the torchft lighthouse" in error_of(FT)

@@ -37,7 +37,7 @@ def lighthouse_address(ft: FaultTolerance) -> str:
     return ft.lighthouse or os.environ.get(LIGHTHOUSE_ENV, "")
 
 
-def fault_tolerance_problem(cfg: JobConfig, dims: ParallelDims) -> str | None:
+def fault_tolerance_problem(cfg: JobConfig, dims: ParallelDims, model_args=None) -> str | None:
     """Why this job cannot run with fault tolerance, in one line; None when it can (or is off)."""
     ft = cfg.fault_tolerance
     if not ft.enable:
@@ -59,6 +59,13 @@ def fault_tolerance_problem(cfg: JobConfig, dims: ParallelDims) -> str | None:
         return (
             f"{KEY}.semi_sync {ft.semi_sync} wraps one model and one optimizer per rank; it does "
             "not run with pipeline parallelism (use semi_sync none, or no PP)"
+        )
+    moe = getattr(model_args, "moe", None)
+    if ft.semi_sync != "none" and moe is not None and moe.balance_bias:
+        return (
+            f"{KEY}.semi_sync {ft.semi_sync} averages parameters only, so the MoE selection "
+            "biases (buffers) would drift apart between groups; set --model.moe_balance_bias "
+            "false (balance with --model.moe_aux_loss_coeff instead) or semi_sync none"
         )
     return lighthouse_problem(ft)
 

@@ -3,8 +3,9 @@
 The fault-tolerance tests compare replica groups through it: after each step (``step``), and in
 semi-synchronous training also right after the local optimizer step, before a synchronization
 (``inner``), every rank writes ``<folder>/replica_<id>/rank_<r>/<step>_<point>.pt`` holding a
-SHA-256 digest of all its local parameter shards (bitwise equality) and its shard of one
-parameter (the first of block 0, for the arithmetic of an outer step).
+SHA-256 digest of all its local parameter shards and buffers (bitwise equality; buffers such as
+MoE selection biases are state the groups must agree on too) and its shard of one parameter (the
+first of block 0, for the arithmetic of an outer step).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class WeightsProbe:
         self.folder = folder
         self.folder.mkdir(parents=True, exist_ok=True)
         self.params = [(n, p) for part in model_parts for n, p in part.named_parameters()]
+        self.buffers = [b for part in model_parts for b in part.buffers()]
         self.sample = next((n, p) for n, p in self.params if "layers.0." in n)
 
     @classmethod
@@ -37,8 +39,8 @@ class WeightsProbe:
 
     def record(self, step: int, point: str) -> None:
         digest = hashlib.sha256()
-        for _, param in self.params:
-            digest.update(local(param).detach().cpu().contiguous().view(torch.uint8).numpy())
+        for tensor in [p for _, p in self.params] + self.buffers:
+            digest.update(local(tensor).detach().cpu().reshape(-1).view(torch.uint8).numpy())
         name, param = self.sample
         torch.save(
             {
