@@ -3,10 +3,10 @@ group), a lighthouse on localhost, from the session's seed checkpoint.
 
 * no failure: the loss curve is the single-process one (to which HSDP 2 x 2 is held by the
   parity suite) and the groups' weights are bitwise equal after every step;
-* a group SIGKILLed at a step: the other continues alone (1 live replica), the group restarted by
-  torchrun rejoins with weights bitwise equal to the survivor's from its first step back;
-* a group SIGKILLed between the step's exchange and its commit: the survivor commits the step
-  (it holds both groups' gradients) and continues alone, the restarted group heals from it;
+* a group SIGKILLed during a step's exchange: the other runs the step again alone (1 live
+  replica), the group restarted by torchrun rejoins with weights bitwise equal to the survivor's;
+  SIGKILLed again between an exchange and its commit: the survivor commits that step (it holds
+  both groups' gradients) and continues alone, and the restarted group heals from it again;
 * LocalSGD and DiLoCo, sync_every 5: weights equal right after a synchronization and apart in
   between, the outer step as the algorithm defines it, 1/5 of the synchronous exchange.
 
@@ -59,7 +59,7 @@ def start_lighthouse(tmp_path: Path, min_replicas: int):
             time.sleep(0.1)
 
 
-def run_groups(tmp_path, seed, args, min_replicas=2, faults=("", ""), timeout=240):
+def run_groups(tmp_path, seed, args, min_replicas=2, faults=("", ""), timeout=240, restarts=1):
     """Two replica groups of two ranks; -> each group's dump folder and the probe folder."""
     lighthouse, address = start_lighthouse(tmp_path, min_replicas)
     probe = tmp_path / "probe"
@@ -69,7 +69,7 @@ def run_groups(tmp_path, seed, args, min_replicas=2, faults=("", ""), timeout=24
     try:
         for i in range(2):
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-            cmd += ["--nproc_per_node=2", "--max-restarts=1", "-m", "torchtitan.train"]
+            cmd += ["--nproc_per_node=2", f"--max-restarts={restarts}", "-m", "torchtitan.train"]
             cmd += [*args, *from_seed(seed, dumps[i]), "--fault_tolerance.enable"]
             cmd += ["--fault_tolerance.group_size=2", f"--fault_tolerance.replica_id={i}"]
             cmd += [
@@ -133,56 +133,51 @@ def test_moe_groups_agree_on_expert_biases(tmp_path_factory, tmp_path, layout):
         assert loss_curve(dump) == pytest.approx(expected, rel=RTOL)
 
 
-# Whichever group starts first waits at step 1, so the other joins by step 2 at the latest; the
-# group restarted after a kill waits before rejoining, so the survivor reruns or continues the
-# step alone first; the survivor waits at step 5, so the restarted group is back before it ends.
+# Group 1's rank 0 dies twice: SIGKILLed at the start of step 3 (attempt 0, once it joined the
+# step's quorum) and after step 7's exchange, before its commit vote (attempt 1). Whichever group
+# starts first waits at step 1, so the other joins by step 2; each restarted group waits before
+# it rejoins, so the survivor runs a step alone first; the survivor waits at steps 5 and 9, so
+# the restarted group is back before it ends.
 START = "delay:rank=0:step=1:seconds=6:attempt=0"
-REJOIN_LATE = "delay:step=0:at=join:seconds=10:attempt=1"
-SURVIVOR = f"{START};delay:rank=0:step=5:seconds=25"
-
-
-def run_kill(tmp_path, seed, kill: str):
-    """Group 1's rank 0 dies by ``kill``; -> (survivor's digests, the restarted group's, the
-    survivor's log, its metrics rows by step)."""
-    steps = [a for a in TINY_JOB if not a.startswith("--training.steps")]
-    args = [*steps, "--training.steps=8", "--training.local_batch_size=2"]
-    faults = (SURVIVOR, f"{START};{kill};{REJOIN_LATE}")
-    dumps, probe, outputs = run_groups(tmp_path, seed, args, 1, faults)
-    survivor, rejoined = digests(probe, 0), digests(probe, 1)
-    first = min(survivor)  # 2 when group 1 trained step 1 alone and group 0 healed from it
-    assert first <= 2 and sorted(survivor) == list(range(first, 9)), sorted(survivor)
-    back = min(step for step in rejoined if step > 3)  # the restarted group's first step
-    assert set(range(back, 9)) <= set(rejoined), sorted(rejoined)
-    for step in set(rejoined) & set(survivor):
-        assert rejoined[step] == survivor[step], f"step {step}: weights differ"
-    assert f"2 of 2 replica groups live from step {back}" in outputs[0], outputs[0][-3000:]
-    return survivor, rejoined, outputs[0], {r["step"]: r for r in read_metrics(dumps[0])}
+GROUP_1 = [
+    START,
+    "kill:rank=0:step=3:attempt=0",
+    "delay:step=0:at=join:seconds=6:attempt=1",
+    "kill:rank=0:step=7:at=commit:attempt=1",
+    "delay:step=0:at=join:seconds=6:attempt=2",
+]
+SURVIVOR = [START, "delay:rank=0:step=5:seconds=18", "delay:rank=0:step=9:seconds=18"]
 
 
 def test_killed_group_drops_out_and_rejoins_with_the_live_weights(seed_checkpoint, tmp_path):
-    """Group 1's rank 0 is SIGKILLed at the start of step 3, once it has joined the step's
-    quorum: group 0's exchange fails, the step does not commit, and group 0 runs it again alone;
-    torchrun restarts group 1, which heals from group 0 and trains on in step with it."""
-    survivor, rejoined, log, rows = run_kill(
-        tmp_path, seed_checkpoint, "kill:rank=0:step=3:attempt=0"
-    )
+    """Killed in the exchange (step 3), group 1 leaves group 0 a failed step: it does not
+    commit and group 0 runs it again alone. Killed after the exchange (step 7), it leaves group 0
+    a complete step (both groups' gradients), which group 0 commits and continues alone from.
+    Each time torchrun restarts group 1, which heals from group 0: its weights (parameters and
+    buffers) equal group 0's bitwise at every step both record."""
+    steps = [a for a in TINY_JOB if not a.startswith("--training.steps")]
+    args = [*steps, "--training.steps=10", "--training.local_batch_size=2"]
+    faults = (";".join(SURVIVOR), ";".join(GROUP_1))
+    dumps, probe, outputs = run_groups(tmp_path, seed_checkpoint, args, 1, faults, restarts=2)
+    survivor, rejoined, log = digests(probe, 0), digests(probe, 1), outputs[0]
+    first = min(survivor)  # 2 when group 1 trained step 1 alone and group 0 healed from it
+    assert first <= 2 and sorted(survivor) == list(range(first, 11)), sorted(survivor)
+    for step in set(rejoined) & set(survivor):
+        assert rejoined[step] == survivor[step], f"step {step}: weights differ"
+    rows = {r["step"]: r for r in read_metrics(dumps[0])}
+    # The kill in the exchange: step 3 is run again by group 0 alone.
     assert "1 of 2 replica groups live from step 3" in log, log[-3000:]
-    assert 3 not in rejoined
-    assert rows[3]["live_replicas"] == 1 and rows[8]["live_replicas"] == 2, rows
-    print(f"step 3 with the kill took {rows[3]['step_seconds']:.1f}s")
-
-
-def test_group_killed_between_exchange_and_commit(seed_checkpoint, tmp_path):
-    """Group 1's rank 0 is SIGKILLed after step 3's gradients crossed the groups, before its
-    commit vote: group 0 holds a complete step and commits it (both groups' data), continues
-    alone from step 4, and the restarted group 1 heals from it."""
-    kill = "kill:rank=0:step=3:at=commit:attempt=0"
-    survivor, rejoined, log, rows = run_kill(tmp_path, seed_checkpoint, kill)
-    assert "1 of 2 replica groups live from step 4" in log, log[-3000:]
-    step3 = rows[3]
-    assert step3["live_replicas"] == 2 and step3["tokens_trained"] == 8 * 64, step3
-    assert step3["replica_allreduce_elements"] == PARAMETERS_PER_RANK + 1, step3
-    assert rows[4]["live_replicas"] == 1, rows[4]
+    assert rows[3]["live_replicas"] == 1 and 3 not in rejoined, sorted(rejoined)
+    back = min(step for step in rejoined if step > 3)
+    assert f"2 of 2 replica groups live from step {back}" in log and back <= 6, back
+    # The kill after the exchange: step 7 commits with both groups, step 8 runs alone.
+    assert rows[7]["live_replicas"] == 2 and rows[7]["tokens_trained"] == 8 * 64, rows[7]
+    assert rows[7]["replica_allreduce_elements"] == PARAMETERS_PER_RANK + 1, rows[7]
+    assert "1 of 2 replica groups live from step 8" in log, log[-3000:]
+    assert rows[8]["live_replicas"] == 1 and {8, 9}.isdisjoint(rejoined), sorted(rejoined)
+    assert set(range(back, 7)) | {10} <= set(rejoined), sorted(rejoined)
+    assert rows[10]["live_replicas"] == 2, rows[10]
+    print(f"steps 3 and 8 took {rows[3]['step_seconds']:.1f}s and {rows[8]['step_seconds']:.1f}s")
 
 
 def outer_step(start, inner, lr=0.7, momentum=0.9, buffer=None):

@@ -98,7 +98,13 @@ def trainer(nproc: int | None, dump_folder: Path) -> list[str]:
     return [str(RUN_TRAIN), *args]
 
 
-@pytest.mark.parametrize("nproc", [None, 2], ids=["one-process", "run_train.sh-2-ranks"])
+# Two ranks through run_train.sh in the slow tier: the launcher's signal forwarding is also
+# run by test_ranks_stop_when_their_launcher_is_killed and test_killed_test_run.py.
+@pytest.mark.parametrize(
+    "nproc",
+    [None, pytest.param(2, marks=pytest.mark.slow)],
+    ids=["one-process", "run_train.sh-2-ranks"],
+)
 def test_ctrl_c_saves_after_the_step_and_stops(tmp_path, nproc):
     """Ctrl-C during step 3 (slowed by a delay fault): every rank finishes step 3, step 3 is
     saved, the job exits 130 and its last line says so, without a traceback."""
@@ -120,7 +126,13 @@ def test_ctrl_c_saves_after_the_step_and_stops(tmp_path, nproc):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("nproc", [None, 2], ids=["one-process", "run_train.sh-2-ranks"])
+# Two ranks through run_train.sh in the slow tier: the launcher's signal forwarding is also
+# run by test_ranks_stop_when_their_launcher_is_killed and test_killed_test_run.py.
+@pytest.mark.parametrize(
+    "nproc",
+    [None, pytest.param(2, marks=pytest.mark.slow)],
+    ids=["one-process", "run_train.sh-2-ranks"],
+)
 def test_second_ctrl_c_stops_at_once_without_saving(tmp_path, nproc):
     log = tmp_path / "log.txt"
     env = {"NGPU": str(nproc or 1), "TORCHTITAN_FAULT": "delay:step=3:seconds=60"}

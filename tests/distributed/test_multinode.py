@@ -24,6 +24,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # the multi-node launch's one-line errors stay in make test
 def test_two_nodes_match_single_process(seed_checkpoint, reference_curves, tmp_path):
     dump = tmp_path / "dump"
     # The reference runs on the built-in defaults; run_train.sh always passes a config file, so

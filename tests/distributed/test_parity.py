@@ -114,8 +114,10 @@ LAYOUTS = {
 
 
 # In the slow tier (make test-all): compiled TP and CP, many-rank FSDP and HSDP are also run by
-# the compiled full-AC, CP x TP, two-node, DDP and fault-tolerance rows.
+# the CP x TP, DDP and fault-tolerance rows here and, compiled under full AC with TP, by the
+# document-masking parity test's row of the same layout.
 SLOW = {
+    "fsdp2_tp2_compile_full_ac",
     "fsdp2_tp2_compile_loss_selective_op",
     "fsdp2_cp2_compile_selective_op",
     "fsdp8",

@@ -145,7 +145,8 @@ def imbalance(folder) -> list[float]:
 
 # In the slow tier (make test-all): EP x FSDP is also run by the DeepSeek-V3 rows and compiled MoE
 # by tests/unit/test_moe.py.
-SLOW = {"moe_aux_ep2_fsdp4_accum2_compile_full_ac"}
+# In the slow tier: EP under TP is also run by DeepSeek-V3's tp2_ep2 row.
+SLOW = {"moe_aux_ep2_fsdp4_accum2_compile_full_ac", "moe_ep2_tp2_selective_op"}
 
 
 @pytest.mark.parametrize("layout", with_slow(LAYOUTS, SLOW))

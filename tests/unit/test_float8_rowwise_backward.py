@@ -157,7 +157,8 @@ def test_every_rowwise_linear_gets_our_backward_and_the_log_says_so():
     )
 
 
-@pytest.mark.parametrize("ac", ["none", "selective", "full"])
+# Full AC in the slow tier (make test-all), for CI's time.
+@pytest.mark.parametrize("ac", ["none", "selective", pytest.param("full", marks=pytest.mark.slow)])
 def test_the_input_casts_run_in_the_backward_and_keep_no_more_than_torchaos(ac):
     """The memory claim of docs/float8.md: the inputs' column-wise casts run in the backward
     (under AC in its recompute; without AC float8_recompute.py's pass sends them there), so the
