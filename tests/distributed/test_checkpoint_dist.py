@@ -8,11 +8,14 @@ and that one rank running out of disk space ends the save on every rank in the s
 
 import sys
 
+import pytest
+
 from tests.distributed.launch import ROOT, start, wait_all
 
 WORKER = ROOT / "tests" / "distributed" / "checkpoint_worker.py"
 
 
+@pytest.mark.slow  # test_resume.py resumes under other layouts in make test
 def test_fsdp4_checkpoint_resumes_under_fsdp2_tp2(tmp_path):
     log = tmp_path / "worker.log"
     cmd = [

@@ -28,7 +28,7 @@ def run_worker(nproc: int, timeout: int = 120) -> dict:
     return json.loads(lines[0].removeprefix("CP_RESULT "))
 
 
-@pytest.mark.parametrize("cp", [2, 4])
+@pytest.mark.parametrize("cp", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_cp_matches_full_sequence(cp):
     result = run_worker(cp)
     assert result["cp"] == cp

@@ -40,6 +40,7 @@ def _resumable_copy(uninterrupted, folder) -> None:
     shutil.copytree(uninterrupted / "checkpoint" / "step-5", folder / "checkpoint" / "step-5")
 
 
+@pytest.mark.slow  # the EP2 checkpoint's resume without expert parallelism stays in make test
 def test_ep2_checkpoint_resumes_under_ep4(uninterrupted, tmp_path):
     _resumable_copy(uninterrupted, tmp_path)
     layout = ["--training.local_batch_size=2", "--parallelism.expert_parallel_degree=4"]

@@ -130,7 +130,9 @@ def test_fsdp2_tp2_shard_scales_match_single_process_within_shard_scaling(
     assert scalar_all_reduces(tmp_path) == 0
 
 
-@pytest.mark.parametrize("schedule", ["Interleaved1F1B", "ZBVZeroBubble"])
+@pytest.mark.parametrize(
+    "schedule", ["Interleaved1F1B", pytest.param("ZBVZeroBubble", marks=pytest.mark.slow)]
+)
 def test_pp2_matches_single_process(schedule, seed_checkpoint, reference, tmp_path):
     """Each stage converted on its own; zero-bubble schedules split the float8 backward into
     its input- and weight-gradient halves. One window per microbatch, as in the reference."""

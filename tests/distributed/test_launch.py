@@ -162,7 +162,14 @@ def test_second_ctrl_c_stops_at_once_without_saving(tmp_path, nproc):
             2,
             "error: --checkpoint.load_step 7",
         ),
-        ([], "nan_loss:step=2", 3, "error: non-finite loss (nan) and grad_norm (nan) at step 2"),
+        # Slow tier: test_faults.py's nan_loss rows stop the same way, in one process.
+        pytest.param(
+            [],
+            "nan_loss:step=2",
+            3,
+            "error: non-finite loss (nan) and grad_norm (nan) at step 2",
+            marks=pytest.mark.slow,
+        ),
     ],
     ids=["missing-load-step", "non-finite"],
 )

@@ -7,6 +7,7 @@ the global one: squared norms summed over the pipeline ranks).
 
 import pytest
 
+from tests.distributed.launch import with_slow
 from tests.distributed.test_parity import assert_layout_matches
 
 MB1 = ["--parallelism.pipeline_parallel_microbatch_size=1", "--training.local_batch_size=8"]
@@ -63,7 +64,8 @@ LAYOUTS = {
 }
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+# In the slow tier: PP x TP is also run by pp2_fsdp2_tp2_interleaved.
+@pytest.mark.parametrize("layout", with_slow(LAYOUTS, {"pp2_tp2_1f1b"}))
 def test_pipeline_matches_single_process(layout, seed_checkpoint, reference_curves, tmp_path):
     nproc, overrides = LAYOUTS[layout]
     if layout == "pp2_csv":

@@ -211,7 +211,7 @@ def test_the_kernels_layout_and_scales_under_the_interpreter():
     assert "kernels ok" in run_under_interpreter(KERNELS_CHECK)
 
 
-@pytest.mark.parametrize("ac", ["none", "selective"])
+@pytest.mark.parametrize("ac", ["none", pytest.param("selective", marks=pytest.mark.slow)])
 def test_the_compiled_fused_block_keeps_no_more_for_the_backward(ac):
     """The fused function's backward reads what the unfused backward reads (the block input, the
     two projections, the weights, scalar scales): the forward keeps no more bytes, give or take
