@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -33,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from attention_backends import SHAPES, inputs, time_ms  # noqa: E402
 from document_mask_density import computed_blocks, our_batches  # noqa: E402
 
 from torchtitan.models.common.masks import (  # noqa: E402
@@ -41,31 +41,12 @@ from torchtitan.models.common.masks import (  # noqa: E402
     document_ids,
 )
 
-SHAPE = (2, 32, 8, 8192, 64)  # batch, query heads, K/V heads, sequence, head dim
+SHAPE = SHAPES["1b"]  # batch, query heads, K/V heads, sequence, head dim
 
 
-def inputs(device="cuda", dtype=torch.bfloat16):
-    b, hq, hkv, s, d = SHAPE
-    gen = torch.Generator(device=device).manual_seed(0)
-
-    def make(heads):
-        t = torch.randn(b, s, heads, d, device=device, dtype=dtype, generator=gen)
-        return t.transpose(1, 2).requires_grad_()
-
-    return make(hq), make(hkv), make(hkv), torch.randn(b, hq, s, d, device=device, dtype=dtype)
-
-
-def time_ms(fn, iters: int) -> float:
+def warm_then_time_ms(fn, iters: int) -> float:
     fn()  # compile / autotune outside the timing
-    times = []
-    for _ in range(iters):
-        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return time_ms(fn, iters)
 
 
 def flex_step(flex, q, k, v, grad, masks, kernel_options=None):
@@ -118,7 +99,7 @@ def main() -> None:
     gathered = [document_block_mask(document_ids(p), index) for p in positions]
     causal = [causal_block_mask(s, "cuda")] * n
     causal_blocks = (s // 128) * (s // 128 + 1) // 2 * b * n
-    q, k, v, grad = inputs()
+    q, k, v, grad = inputs(SHAPE, "cuda")
     flex = torch.compile(flex_attention)
     runs = [("default", flex, masks, None, blocks), ("gathered q", flex, gathered, None, blocks)]
     for options in args.kernel_options:
@@ -131,12 +112,12 @@ def main() -> None:
     runs.append(("flex causal", flex, causal, None, causal_blocks))
     for label, fn, chosen, options, count in runs:
         try:
-            ms = time_ms(flex_step(fn, q, k, v, grad, chosen, options), args.iters)
+            ms = warm_then_time_ms(flex_step(fn, q, k, v, grad, chosen, options), args.iters)
         except Exception as err:  # a configuration the kernel refuses
             print(f"  {label:34s} failed: {str(err).splitlines()[0][:120]}")
             continue
         report(label, ms, count, n)
-    ms = time_ms(sdpa_step(q, k, v, grad, n), args.iters)
+    ms = warm_then_time_ms(sdpa_step(q, k, v, grad, n), args.iters)
     report("sdpa causal (flash)", ms, causal_blocks, n)
 
 
