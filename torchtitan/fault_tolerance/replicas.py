@@ -138,7 +138,8 @@ class ReplicaGroup:
         return continued, iter(self._live.dataloader)
 
     def replica_mean(self, value: torch.Tensor) -> torch.Tensor:
-        """The mean of a per-group value (the loss) over the live groups; a step's collective."""
+        """The mean of a per-group value (the loss, the MoE expert loads) over the live groups; a
+        step's collective."""
         if not self.enabled or self.semi_sync:
             return value
         value = value.clone()
